@@ -1,0 +1,79 @@
+"""AdaBest (Varno et al., 2022, "AdaBest: Minimizing Client Drift in Federated Learning via
+Adaptive Bias Estimation").
+
+Client i keeps h_i (init 0) and t_i', the last round it trained (init −1; a 1-element tensor).
+    local step:  y ← y − η_l (g(y) − μ h_i)
+    after round t:  h_i ← h_i / (t − t_i') + (x_t − y_i);   t_i' ← t
+Server keeps x̄_prev (init x_0):
+    x̄ = mean_{S_t}(y_i);   h = β (x̄_prev − x̄);   x_{t+1} = x̄ − h;   x̄_prev ← x̄
+The deployed model is x̄ (the paper keeps it "for deployment"); x_{t+1} is reported as "next".
+With η_g = 1 (the paper) the server rule is Nesterov SGD (lr 1, momentum β) on x_t − x̄; other η_g
+scale the whole step: x_{t+1} = x_t + η_g (x̄ − h − x_t).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rayfl import schema
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
+                                   State, Vec)
+
+
+@dataclass(frozen=True)
+class AdaBestParams(ServerParams):
+    """AdaBest hyper-parameters."""
+
+    mu: float = schema.field(0.02, doc="regularisation factor μ on the client bias h_i", lo=0.0)
+    beta: float = schema.field(0.96, doc="server decay β of h (0.98 suits full participation)",
+                               lo=0.0, hi=1.0)
+
+
+class _BiasRule(LocalRule):
+    def __init__(self, correction: Vec):
+        self.correction = correction  # μ h_i
+
+    def direction(self, g: Vec, y: Vec, lr: float) -> Vec:
+        return g - self.correction  # g(y) − μ h_i
+
+
+class AdaBest(Algorithm):
+    """Client state ``h`` (h_i) and ``t_last`` (t_i'); server state ``x_bar`` (x̄) and ``h``."""
+
+    name = "adabest"
+    Params = AdaBestParams
+    client_state_keys = ("h", "t_last")
+
+    def server_init(self, x0: Vec) -> State:
+        return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}
+
+    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+        if cstate is None:
+            return _BiasRule(torch.zeros_like(bc["x"]))
+        return _BiasRule(self.p.mu * cstate["h"])
+
+    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
+        g_i = bc["x"] - y  # g_i = x_t − y_i
+        if cstate is None:  # h_i = 0, t_i' = −1: the first term vanishes
+            h = g_i
+        else:
+            gap = max(t - int(cstate["t_last"].item()), 1)  # t − t_i'
+            h = cstate["h"] / gap + g_i
+        t_last = torch.tensor([t], dtype=y.dtype, device=y.device)
+        return ClientResult({}, {"h": h, "t_last": t_last})
+
+    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+        if agg.count == 0:
+            return state, {}
+        x_bar = state["x"] - agg.delta_mean  # x̄ = mean(y_i)
+        h = self.p.beta * (state["x_bar"] - x_bar)  # h = β (x̄_prev − x̄)
+        x = state["x"] + self.server_lr * (x_bar - h - state["x"])  # η_g = 1: x̄ − h
+        return {**state, "x": x, "x_bar": x_bar, "h": h}, {"h_norm": float(h.norm())}
+
+    def deployed(self, state: State) -> Vec:
+        return state["x_bar"]
+
+    def extra_models(self, state: State) -> dict[str, Vec]:
+        return {"next": state["x"]}

@@ -1,0 +1,66 @@
+"""FedDyn (Acar et al., 2021, "Federated Learning Based on Dynamic Regularization").
+
+Client i keeps ĝ_i (init 0, its estimate of ∇f_i at the optimum); the server keeps h (init 0).
+    local step:  y ← y − η_l (g(y) − ĝ_i + α (y − x_t))
+    after:       ĝ_i ← ĝ_i − α (y − x_t)
+    server:      h ← h − α (1/N) Σ_{i∈S_t} (y_i − x_t)      (= h + (α/N) Σ Δ_i)
+                 x ← mean_{S_t}(y_i) − h/α                    (= x_t − (Δ̄ + h/α))
+η_g scales the whole server step, x ← x_t − η_g (Δ̄ + h/α); the paper's rule is η_g = 1.
+The mean follows ``aggregation.weighting`` (the paper: uniform).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rayfl import schema
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
+                                   State, Vec)
+
+
+@dataclass(frozen=True)
+class FedDynParams(ServerParams):
+    """FedDyn hyper-parameters."""
+
+    alpha: float = schema.field(0.01, doc="dynamic regularisation coefficient α", lo=0.0,
+                                lo_open=True)
+
+
+class _DynRule(LocalRule):
+    def __init__(self, x_t: Vec, g_hat: Vec, alpha: float):
+        self.x_t, self.g_hat, self.alpha = x_t, g_hat, alpha
+
+    def direction(self, g: Vec, y: Vec, lr: float) -> Vec:
+        return g - self.g_hat + self.alpha * (y - self.x_t)  # g(y) − ĝ_i + α (y − x_t)
+
+
+class FedDyn(Algorithm):
+    """Client state ``g_hat`` (ĝ_i); server state ``h``."""
+
+    name = "feddyn"
+    Params = FedDynParams
+    client_state_keys = ("g_hat",)
+
+    def server_init(self, x0: Vec) -> State:
+        return {"x": x0.clone(), "h": torch.zeros_like(x0)}
+
+    @staticmethod
+    def _g_hat(bc, cstate) -> Vec:
+        return cstate["g_hat"] if cstate is not None else torch.zeros_like(bc["x"])
+
+    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+        return _DynRule(bc["x"], self._g_hat(bc, cstate), self.p.alpha)
+
+    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
+        g_hat = self._g_hat(bc, cstate) - self.p.alpha * (y - bc["x"])
+        return ClientResult({}, {"g_hat": g_hat})
+
+    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+        if agg.count == 0:
+            return state, {}
+        alpha = self.p.alpha
+        h = state["h"] + (alpha / self.num_clients) * agg.delta_sum
+        x = state["x"] - self.server_lr * (agg.delta_mean + h / alpha)
+        return {**state, "x": x, "h": h}, {"h_norm": float(h.norm())}

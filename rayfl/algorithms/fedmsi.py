@@ -1,0 +1,274 @@
+"""Similarity-perturbed local SGD (seed 002, Buttaci & Calafiore, "Aiding Global Convergence in
+Federated Learning via Local Perturbation and Mutual Similarity Information"; the paper names no
+method, here ``fedmsi``).
+
+Set-up (once): client i sends m_i, the unit top right-singular vector of its raw flattened inputs
+(no centring, no scaling); the server orients every m_i so that Σ_k m_i[k] > 0 (the sign of a
+singular vector is arbitrary; raw pixels are non-negative, so the Perron vector is one-signed) and
+builds the similarity graph
+    mis(i,j) = ½ (1 − m_iᵀ m_j) clamped to ≥ 1e-12,   A_ij = −ln mis(i,j),   A_ii = 0,
+dense for N ≤ ``dense_max_clients``, else each client's ``knn`` most similar clients (largest
+A_ij), symmetrised by union, computed in row blocks so no N × N matrix is ever built. With
+``aggregation.weighting: degree`` the aggregation weight is p_i ∝ deg_i = Σ_j A_ij.
+
+Local step, with an anchor u_i fixed for the round:
+    y ← y − η_l g(β y + (1 − β) u_i)          (β = 1 is FedAvg)
+    u_i = Σ_{j∈S_{t−1}} A_ij y_j / Σ_{j∈S_{t−1}} A_ij
+over the previous round's participants and their final local models (kept by the server);
+u_i = x_0 in round 0, and when none of i's neighbours took part in round t − 1
+(``anchor_fallback: x0``, the paper's initial anchor; ``global`` uses the round's x_t instead).
+With full participation and a dense graph this is the paper's rule exactly.
+
+Broadcast: the runtime sends one dict to every client and does not tell :meth:`broadcast` who is
+sampled, so it carries the previous participants' models (|S_{t−1}| × d) plus the non-zero
+A_ij with j ∈ S_{t−1} as (row = client id, col = index into those models, value) sorted by row;
+a client finds its own entries by binary search on its id. Per-client anchors would cost
+|S_t| × d as well and need S_t at broadcast time.
+
+Paper defaults (documented, not imposed here): β = 0.7 (grid 0.5 / 0.7 / 0.9), η_l = 1e-3 fixed,
+weight decay 1e-4, B = 256, E = 10 local epochs, full participation, degree weighting also for
+the FedAvg baseline. Weight decay is added by the runtime at y, not at the perturbed point.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from rayfl import schema
+from rayfl.algorithms.base import Algorithm, LocalRule, ServerParams, State, Vec
+
+MIS_FLOOR = 1e-12
+_BLOCK_ELEMS = 1 << 24  # similarity entries per block when building the kNN graph
+
+
+@dataclass(frozen=True)
+class FedMSIParams(ServerParams):
+    """Perturbation strength and similarity-graph size limits."""
+
+    beta: float = schema.field(0.7, doc="β: gradient at β·y + (1−β)·u_i (1 = FedAvg)",
+                               lo=0.0, hi=1.0, lo_open=True)
+    dense_max_clients: int = schema.field(
+        2000, doc="dense N×N similarity graph up to this many clients, kNN graph above", lo=0)
+    knn: int = schema.field(20, doc="neighbours per client in the sparse (kNN) graph", lo=1)
+    anchor_fallback: Literal["x0", "global"] = schema.field(
+        "x0", doc="anchor when no neighbour took part last round: x0 (initial model) or "
+                  "global (the round's x_t)")
+
+
+# ----- set-up: message and graph ---------------------------------------------------------------
+def top_singular_vector(x) -> torch.Tensor:
+    """Unit top right-singular vector of the raw inputs flattened to (n, D), float64."""
+    if isinstance(x, torch.Tensor):
+        a = x.detach().cpu().to(torch.float64)
+    else:  # a copy: memory-mapped client data is read-only
+        a = torch.from_numpy(np.array(x, dtype=np.float64))
+    a = a.reshape(len(a), -1)
+    n, dim = a.shape
+    if n == 0:
+        return torch.zeros(dim, dtype=torch.float64)
+    if n > dim:  # eigenvector of the D×D Gram matrix: cheaper than an SVD of a tall matrix
+        _, vecs = torch.linalg.eigh(a.T @ a)
+        v = vecs[:, -1]
+    else:
+        v = torch.linalg.svd(a, full_matrices=False).Vh[0]
+    norm = v.norm()
+    return v / norm if norm > 0 else v
+
+
+def orient(m: torch.Tensor) -> torch.Tensor:
+    """Rows scaled to unit norm and signed so that each row sums to > 0.
+
+    A row summing to ~0 (inputs of both signs) is signed by its largest-magnitude entry.
+    """
+    m = m.to(torch.float64)
+    norms = m.norm(dim=1, keepdim=True)
+    m = torch.where(norms > 0, m / norms.clamp_min(1e-300), m)
+    s = m.sum(dim=1)
+    pivot = m.gather(1, m.abs().argmax(dim=1, keepdim=True)).squeeze(1)
+    sign = torch.where(s.abs() > 1e-12, torch.sign(s), torch.sign(pivot))
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    return m * sign[:, None]
+
+
+def affinity(sim: torch.Tensor) -> torch.Tensor:
+    """A = −ln(max(½(1 − m_iᵀm_j), 1e-12)) from cosine similarities."""
+    return -torch.log(torch.clamp(0.5 * (1.0 - sim), min=MIS_FLOOR))
+
+
+def dense_graph(m: torch.Tensor) -> torch.Tensor:
+    """The dense N × N adjacency (exactly symmetric, zero diagonal)."""
+    a = torch.triu(affinity(m @ m.T), diagonal=1)
+    return a + a.T
+
+
+def knn_graph(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sparse adjacency as CSR (crow, col, val): each client's k largest A_ij, union-symmetrised.
+
+    Similarities are computed ``_BLOCK_ELEMS / N`` rows at a time; a pair's value is computed once
+    from its two rows, so the graph is exactly symmetric.
+    """
+    n = m.shape[0]
+    k = min(k, n - 1)
+    if k <= 0:
+        return torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long), \
+            torch.zeros(0, dtype=torch.float64)
+    block = max(1, _BLOCK_ELEMS // n)
+    src, dst = [], []
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        sim = m[lo:hi] @ m.T
+        sim[torch.arange(hi - lo), torch.arange(lo, hi)] = -float("inf")  # no self-loops
+        nbr = torch.topk(sim, k, dim=1).indices  # most similar = largest A_ij
+        src.append(torch.arange(lo, hi).repeat_interleave(k))
+        dst.append(nbr.reshape(-1))
+    i, j = torch.cat(src), torch.cat(dst)
+    pairs = torch.unique(torch.stack([torch.minimum(i, j), torch.maximum(i, j)]), dim=1)
+    a, b = pairs
+    val = affinity((m[a] * m[b]).sum(dim=1))
+    rows, cols, vals = torch.cat([a, b]), torch.cat([b, a]), torch.cat([val, val])
+    order = torch.argsort(rows * n + cols)
+    rows, cols, vals = rows[order], cols[order], vals[order]
+    crow = torch.zeros(n + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(torch.bincount(rows, minlength=n), 0)
+    return crow, cols, vals
+
+
+def csr_to_dense(crow: torch.Tensor, col: torch.Tensor, val: torch.Tensor) -> torch.Tensor:
+    """Dense view of a CSR graph (for tests and small N)."""
+    n = crow.numel() - 1
+    rows = torch.repeat_interleave(torch.arange(n), crow[1:] - crow[:-1])
+    out = torch.zeros(n, n, dtype=val.dtype)
+    out[rows, col] = val
+    return out
+
+
+# ----- the algorithm ---------------------------------------------------------------------------
+class _PerturbRule(LocalRule):
+    """Gradient at β y + (1 − β) u."""
+
+    def __init__(self, beta: float, anchor: Vec):
+        self.beta = beta
+        self.shift = (1.0 - beta) * anchor
+
+    def grad_point(self, y: Vec) -> Vec:
+        return y * self.beta + self.shift
+
+
+class FedMSI(Algorithm):
+    """Server state: x, x_0, the graph (dense ``msi_A`` or CSR), degrees, last round's models."""
+
+    name = "fedmsi"
+    Params = FedMSIParams
+    needs_setup = True
+    needs_client_models = True
+
+    # ----- set-up ------------------------------------------------------------------------
+    def client_setup(self, x, y) -> Vec:
+        """m_i: unit top right-singular vector of the raw inputs (the server re-checks the sign)."""
+        return orient(top_singular_vector(x)[None])[0]
+
+    def server_setup(self, state: State, client_ids, summaries: Vec) -> State:
+        ids = torch.as_tensor(np.asarray(client_ids), dtype=torch.long).reshape(-1)
+        order = torch.argsort(ids)
+        ids = ids[order]
+        m = orient(torch.as_tensor(summaries)[order])
+        new = dict(state)
+        new["msi_ids"] = ids  # sorted; graph rows follow this order
+        if len(ids) <= self.p.dense_max_clients:
+            a = dense_graph(m)
+            new["msi_A"] = a
+            new["msi_deg"] = a.sum(dim=1)
+        else:
+            crow, col, val = knn_graph(m, self.p.knn)
+            new["msi_crow"], new["msi_col"], new["msi_val"] = crow, col, val
+            rows = torch.repeat_interleave(torch.arange(len(ids)), crow[1:] - crow[:-1])
+            new["msi_deg"] = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, rows, val)
+        return new
+
+    def server_init(self, x0: Vec) -> State:
+        return {"x": x0.clone(), "msi_x0": x0.clone()}
+
+    # ----- graph access ------------------------------------------------------------------
+    @staticmethod
+    def _positions(state: State, client_ids) -> torch.Tensor:
+        ids = state["msi_ids"]
+        want = torch.as_tensor(np.asarray(client_ids), dtype=torch.long).reshape(-1)
+        pos = torch.searchsorted(ids, want)
+        if (pos >= len(ids)).any() or (ids[pos.clamp(max=len(ids) - 1)] != want).any():
+            raise KeyError(f"fedmsi: client ids {want.tolist()} not all in the similarity graph")
+        return pos
+
+    @staticmethod
+    def _row(state: State, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Neighbour positions and A values of graph row ``p`` (non-zero entries only)."""
+        if "msi_A" in state:
+            row = state["msi_A"][p]
+            nz = torch.nonzero(row).reshape(-1)
+            return nz, row[nz]
+        lo, hi = int(state["msi_crow"][p]), int(state["msi_crow"][p + 1])
+        return state["msi_col"][lo:hi], state["msi_val"][lo:hi]
+
+    def aggregation_weights(self, state: State, client_ids, num_samples) -> list[float]:
+        if self.weighting != "degree":
+            return super().aggregation_weights(state, client_ids, num_samples)
+        if "msi_deg" not in state:
+            raise RuntimeError("fedmsi: degree weighting needs server_setup (the similarity graph)")
+        return [float(v) for v in state["msi_deg"][self._positions(state, client_ids)]]
+
+    # ----- round -------------------------------------------------------------------------
+    def receive_client_models(self, state: State, client_ids, models: Vec) -> State:
+        """Keep the round's final models and the A entries (i, j ∈ S_t) the anchors need."""
+        new = dict(state)
+        for k in ("msi_prev", "msi_row", "msi_col_idx", "msi_w"):
+            new.pop(k, None)
+        if "msi_ids" not in state or len(client_ids) == 0:
+            return new
+        ids = state["msi_ids"]
+        rows, cols, vals = [], [], []
+        for c, p in enumerate(self._positions(state, client_ids).tolist()):
+            nbr, a = self._row(state, p)  # A symmetric: column p of A = row p
+            rows.append(ids[nbr])
+            cols.append(torch.full_like(nbr, c))
+            vals.append(a)
+        row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
+        order = torch.argsort(row * len(client_ids) + col)  # by client id, then model index
+        new["msi_prev"] = models.clone()
+        new["msi_row"], new["msi_col_idx"], new["msi_w"] = row[order], col[order], val[order]
+        return new
+
+    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
+        bc = {"x": state["x"]}
+        if "msi_prev" in state:
+            for k in ("msi_prev", "msi_row", "msi_col_idx", "msi_w"):
+                bc[k] = state[k]
+            if self.p.anchor_fallback == "x0":
+                bc["msi_x0"] = state["msi_x0"]
+        return bc
+
+    def anchor(self, bc: dict[str, Vec], client_id: int | None) -> Vec:
+        """u_i from the broadcast (x_0 / x_t when i has no neighbour among S_{t−1})."""
+        x = bc["x"]
+        if "msi_prev" not in bc:  # round 0: u_i = x_0 (= the round's x)
+            return x
+        if client_id is None:
+            raise ValueError("fedmsi: client_begin needs client_id to find the client's anchor")
+        rows = bc["msi_row"]
+        key = torch.tensor([int(client_id)], dtype=rows.dtype, device=rows.device)
+        lo = int(torch.searchsorted(rows, key))
+        hi = int(torch.searchsorted(rows, key, right=True))
+        w = bc["msi_w"][lo:hi]
+        total = float(w.sum()) if hi > lo else 0.0
+        if total <= 0:
+            return bc["msi_x0"] if self.p.anchor_fallback == "x0" else x
+        prev = bc["msi_prev"][bc["msi_col_idx"][lo:hi]]
+        return (w.to(prev.dtype) @ prev) / total
+
+    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+        beta = self.p.beta
+        if beta == 1.0:  # FedAvg exactly
+            return LocalRule()
+        return _PerturbRule(beta, self.anchor(bc, client_id))

@@ -1,0 +1,56 @@
+"""FedNova (Wang et al., 2020, "Tackling the Objective Inconsistency Problem in Heterogeneous
+Federated Optimization").
+
+Clients run plain local SGD; client i's update is normalised by ‖a_i‖₁, the sum of the weights
+its K_i local gradients received:
+    a_i = K_i                                         (plain SGD)
+    a_i = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ)   (heavy-ball momentum ρ, buf ← ρ buf + g)
+    d_i = Δ_i / a_i;   τ_eff = Σ p_i a_i;   x ← x − η_g τ_eff Σ p_i d_i
+The algorithm cannot see the local optimiser: ``momentum`` must equal ``local.momentum``.
+Payload: Σ w_i a_i (``wa``) and Σ w_i Δ_i / a_i (``wd``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rayfl import schema
+from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ServerParams, State
+
+
+@dataclass(frozen=True)
+class FedNovaParams(ServerParams):
+    """FedNova hyper-parameters."""
+
+    momentum: float = schema.field(
+        0.0, doc="local SGD momentum ρ used to compute a_i; must equal local.momentum",
+        lo=0.0, hi=1.0, hi_open=True)
+
+
+def norm_a(steps: int, rho: float) -> float:
+    """‖a_i‖₁ for ``steps`` local steps of SGD with heavy-ball momentum ρ."""
+    if rho == 0.0:
+        return float(steps)
+    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+
+
+class FedNova(Algorithm):
+    """Normalised averaging; stateless clients and server (beyond x)."""
+
+    name = "fednova"
+    Params = FedNovaParams
+
+    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
+        a = norm_a(steps, self.p.momentum)
+        delta = bc["x"] - y
+        d = delta / a if a > 0 else torch.zeros_like(delta)  # d_i = Δ_i / a_i
+        return ClientResult({"wa": weight * a, "wd": weight * d}, None)
+
+    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+        if agg.count == 0:
+            return state, {}
+        tau_eff = agg.extras["wa"] / agg.weight_sum  # τ_eff = Σ p_i a_i
+        d = agg.extras["wd"] / agg.weight_sum  # Σ p_i d_i
+        return {**state, "x": state["x"] - self.server_lr * tau_eff * d}, {"tau_eff": tau_eff}

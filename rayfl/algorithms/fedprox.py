@@ -1,0 +1,38 @@
+"""FedProx (Li et al., 2020, "Federated Optimization in Heterogeneous Networks").
+
+Client step: the gradient of the proximal objective f_i(y) + (μ/2)‖y − x_t‖²,
+    g ← g + μ (y − x_t);
+server as FedAvg: x ← x − η_g Δ̄. Stateless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rayfl import schema
+from rayfl.algorithms.base import Algorithm, LocalRule, ServerParams, Vec
+
+
+@dataclass(frozen=True)
+class FedProxParams(ServerParams):
+    """FedProx hyper-parameters."""
+
+    mu: float = schema.field(0.01, doc="proximal coefficient μ", lo=0.0)
+
+
+class _ProxRule(LocalRule):
+    def __init__(self, x_t: Vec, mu: float):
+        self.x_t, self.mu = x_t, mu
+
+    def direction(self, g: Vec, y: Vec, lr: float) -> Vec:
+        return g + self.mu * (y - self.x_t)  # ∇f_i(y) + μ (y − x_t)
+
+
+class FedProx(Algorithm):
+    """FedAvg server; clients add the proximal gradient μ (y − x_t)."""
+
+    name = "fedprox"
+    Params = FedProxParams
+
+    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+        return _ProxRule(bc["x"], self.p.mu)

@@ -1,0 +1,68 @@
+"""SCAFFOLD, option II (Karimireddy et al., 2020, "SCAFFOLD: Stochastic Controlled Averaging
+for Federated Learning").
+
+Client i keeps its control variate c_i (init 0); the server keeps c (init 0) and sends (x_t, c).
+    local step:  y ← y − η_l (g(y) − c_i + c)
+    after K_i:   c_i⁺ = c_i − c + (x_t − y) / (K_i η_l);   reports Δc_i = c_i⁺ − c_i
+    server:      x ← x − η_g Δ̄;   c ← c + (|S_t|/N) · mean_{S_t}(Δc_i)
+|S_t| counts the clients that actually returned (``agg.count``), so c stays the mean of all N
+client variates (absent clients count with their stored c_i).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
+                                   State, Vec)
+
+
+@dataclass(frozen=True)
+class ScaffoldParams(ServerParams):
+    """SCAFFOLD hyper-parameters (only the server learning rate η_g)."""
+
+
+class _ControlRule(LocalRule):
+    def __init__(self, correction: Vec):
+        self.correction = correction  # c − c_i
+
+    def direction(self, g: Vec, y: Vec, lr: float) -> Vec:
+        return g + self.correction  # g(y) − c_i + c
+
+
+class Scaffold(Algorithm):
+    """Client state ``c`` (c_i); server state ``c``; payload ``dc`` = Σ Δc_i."""
+
+    name = "scaffold"
+    Params = ScaffoldParams
+    client_state_keys = ("c",)
+
+    def server_init(self, x0: Vec) -> State:
+        return {"x": x0.clone(), "c": torch.zeros_like(x0)}
+
+    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
+        return {"x": state["x"], "c": state["c"]}
+
+    @staticmethod
+    def _ci(bc, cstate) -> Vec:
+        return cstate["c"] if cstate is not None else torch.zeros_like(bc["x"])
+
+    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+        return _ControlRule(bc["c"] - self._ci(bc, cstate))
+
+    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
+        c_i = self._ci(bc, cstate)
+        if steps == 0:  # nothing trained: no new information about ∇f_i
+            return ClientResult({"dc": torch.zeros_like(c_i)}, {"c": c_i})
+        c_new = c_i - bc["c"] + (bc["x"] - y) / (steps * lr)  # c_i⁺ (option II)
+        return ClientResult({"dc": c_new - c_i}, {"c": c_new})
+
+    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+        if agg.count == 0:
+            return state, {}
+        mean_dc = agg.extras["dc"] / agg.count  # mean over the |S_t| clients that returned
+        c = state["c"] + (agg.count / self.num_clients) * mean_dc
+        x = state["x"] - self.server_lr * agg.delta_mean
+        return {**state, "x": x, "c": c}, {"c_norm": float(c.norm())}

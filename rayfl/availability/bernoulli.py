@@ -1,0 +1,38 @@
+"""``bernoulli``: client i is online each round with its own Beta-distributed probability p_i.
+
+Heterogeneous propensities make some clients participate far more than others; with
+``correlate: label`` the propensities are ranked by dominant label, so some labels are
+systematically over-represented in the participating population.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfl.availability.base import ONLINE, PROPENSITY
+from rayfl.availability.config import AvailabilityConfig
+
+
+def propensities(mean: float, spread: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n draws from the Beta distribution with this mean and standard deviation."""
+    if spread == 0:
+        return np.full(n, mean)
+    k = mean * (1 - mean) / spread**2 - 1  # a + b
+    return rng.beta(mean * k, (1 - mean) * k, size=n)
+
+
+class Bernoulli:
+    """Independent per-round coin flips with per-client probabilities ``p``."""
+
+    def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None):
+        rng = np.random.default_rng([seed, PROPENSITY])
+        p = propensities(cfg.mean, cfg.spread, n, rng)
+        if ranks is not None:  # lowest label rank gets the lowest probabilities
+            order = np.lexsort((rng.random(n), ranks))
+            p[order] = np.sort(p)
+        self.p = p.astype(np.float32)
+        self.seed = seed
+
+    def online(self, t: int, now: float) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, t, ONLINE])
+        return rng.random(self.p.size, dtype=np.float32) < self.p

@@ -1,0 +1,90 @@
+"""``availability.*``: who is online each round, system heterogeneity and the virtual clock."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from rayfl.schema import ConfigError, field
+
+TRACE_SUFFIXES = (".pkl", ".pickle", ".csv", ".parquet")
+
+
+@dataclass(frozen=True)
+class AvailabilityConfig:
+    """Client availability model, stragglers and the virtual clock (see ``rayfl.availability``)."""
+
+    model: Literal["always", "bernoulli", "diurnal", "trace"] = field(
+        "always", doc="who is online: always (everyone), bernoulli (each client with its own "
+                      "probability), diurnal (daily curve per time zone), trace (replay a "
+                      "recorded trace); mid-round failures are `dropout`, on top of any model")
+    mean: float = field(0.5, doc="bernoulli: mean online probability over clients; diurnal: "
+                                 "daily mean online probability", lo=0.0, hi=1.0, lo_open=True)
+    spread: float = field(0.1, doc="bernoulli: standard deviation of the per-client online "
+                                   "probability (Beta distributed; 0 = all equal)", lo=0.0)
+    correlate: Literal["none", "label"] = field(
+        "none", doc="bernoulli/diurnal: tie availability to data: label ranks clients' online "
+                    "probability (bernoulli) or picks their time zone (diurnal) by dominant "
+                    "label, which creates period drift on purpose")
+    zones: int = field(24, doc="diurnal: time zones, evenly spread over the day", lo=1)
+    peak_hour: float = field(2.0, doc="diurnal: local hour of peak availability (devices idle "
+                                      "and charging at night)", lo=0.0, hi=24.0, hi_open=True)
+    amplitude: float = field(0.8, doc="diurnal: relative swing of the daily curve: p(h) = mean"
+                                      "·(1 + amplitude·cos(2π(h − peak_hour)/24))",
+                             lo=0.0, hi=1.0)
+    trace_path: Optional[str] = field(
+        None, doc="trace: FedScale client_behave_trace pickle (.pkl/.pickle) or a table "
+                  "(.csv/.parquet) with columns client_id, online_start, online_end (seconds); "
+                  "replay loops when the run outlasts the trace")
+    dropout: float = field(0.0, doc="probability that a sampled client fails mid-round and "
+                                    "returns nothing (applies to every model)",
+                           lo=0.0, hi=1.0, hi_open=True)
+    overcommit: float = field(1.0, doc="sample ceil(clients_per_round × overcommit) and keep "
+                                       "the first clients_per_round to finish (FedScale)", lo=1.0)
+    deadline_s: Optional[float] = field(None, doc="virtual round deadline in seconds (null: "
+                                                  "wait for every kept client)",
+                                        lo=0.0, lo_open=True)
+    deadline_policy: Literal["drop", "partial"] = field(
+        "drop", doc="a client cut by the deadline: drop (returns nothing) or partial (returns "
+                    "the local steps it finished, as in FedNova)")
+    interval_s: float = field(0.0, doc="virtual seconds the server idles between rounds "
+                                       "(pacing); added to every round's duration", lo=0.0)
+    speed_mean: float = field(0.005, doc="mean compute time in seconds per training sample "
+                                         "(log-normal over clients)", lo=0.0, lo_open=True)
+    speed_sigma: float = field(0.6, doc="log-normal σ of per-client compute time (0 = "
+                                        "identical devices)", lo=0.0)
+    bandwidth_mean: float = field(5.0, doc="mean client bandwidth in Mbit/s, up and down "
+                                           "(log-normal over clients)", lo=0.0, lo_open=True)
+    bandwidth_sigma: float = field(0.5, doc="log-normal σ of per-client bandwidth", lo=0.0)
+    capacity_path: Optional[str] = field(
+        None, doc="FedScale client_device_capacity pickle {id: {computation: ms per sample "
+                  "(inference; training costs 3×, as FedScale), communication: kbps}}; "
+                  "replaces speed_* and bandwidth_*")
+
+    def check(self, prefix: str) -> None:
+        if self.model == "trace" and self.trace_path is None:
+            raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
+                              f"{prefix}.model is 'trace'")
+        if self.model == "trace":
+            _check_file(f"{prefix}.trace_path", self.trace_path, TRACE_SUFFIXES)
+        if self.capacity_path is not None:
+            _check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
+        if self.model == "bernoulli" and self.spread > 0:
+            limit = math.sqrt(self.mean * (1 - self.mean))
+            if self.spread >= limit:
+                raise ConfigError(f"{prefix}.spread", self.spread,
+                                  f"less than sqrt(mean·(1 − mean)) = {limit:.4g} (a Beta "
+                                  f"distribution with mean {self.mean} cannot spread more)")
+        if self.model == "diurnal" and self.mean * (1 + self.amplitude) > 1 + 1e-12:
+            raise ConfigError(f"{prefix}.amplitude", self.amplitude,
+                              f"at most 1/mean − 1 = {1 / self.mean - 1:.4g} so that the peak "
+                              "probability mean·(1 + amplitude) stays ≤ 1")
+
+
+def _check_file(key: str, path: str, suffixes: tuple[str, ...]) -> None:
+    if not path.lower().endswith(suffixes):
+        raise ConfigError(key, path, "a file ending in " + ", ".join(suffixes))
+    if not os.path.isfile(path):
+        raise ConfigError(key, path, "an existing file")

@@ -1,0 +1,79 @@
+"""The round planner: online model → sampling → failures → stragglers → plan and virtual clock.
+
+Per round t starting at virtual time ``now``: the online model says who is online at ``now``;
+``ceil(K · overcommit)`` online clients are sampled uniformly; each fails mid-round with
+probability ``dropout``; the first K survivors to finish are kept (FedScale over-commitment);
+a kept client whose finish time passes the deadline is dropped or keeps the steps it finished
+(``deadline_policy``). The round lasts until the last kept client reports (or the deadline, if
+it cut someone), plus ``interval_s``. Everything is O(N) numpy work at most.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rayfl.availability.base import DROPOUT, SAMPLE, RoundPlan
+from rayfl.availability.config import AvailabilityConfig
+from rayfl.availability.devices import Devices
+from rayfl.availability.labels import LabelStats
+
+
+class Sampler:
+    """Plans every round; keeps the virtual clock when the caller does not pass it."""
+
+    def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
+                 clients_per_round: int, seed: int, spec, model_bytes: int = 0):
+        self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
+        self.sizes, self.n = sizes, len(sizes)
+        self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
+        self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
+        self.devices = Devices(cfg, self.n, seed)
+        self.clock = 0.0
+
+    def plan(self, t: int, now: float | None = None) -> RoundPlan:
+        """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan)."""
+        cfg = self.cfg
+        start = self.clock if now is None else float(now)
+        online = self.model.online(t, start)
+        n_online = self.n if online is None else int(np.count_nonzero(online))
+        pool = self.n if online is None else np.flatnonzero(online)
+        m = min(self.draw, n_online)
+        sampled = np.random.default_rng([self.seed, t, SAMPLE]).choice(pool, m, replace=False)
+        failed = np.random.default_rng([self.seed, t, DROPOUT]).random(m) < cfg.dropout
+        alive = sampled[~failed].astype(np.int64)
+
+        n_i = self.sizes[alive]
+        steps = np.array([self.spec.num_steps(int(s)) for s in n_i], dtype=np.int64)
+        comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes)
+        finish = comm + steps * step_s
+        first = np.lexsort((alive, finish))[:self.k]  # the first K to finish
+        kept, steps, comm, step_s, finish = (a[first] for a in (alive, steps, comm, step_s,
+                                                                 finish))
+        budget = steps.copy()
+        late = finish > cfg.deadline_s if cfg.deadline_s is not None else np.zeros(len(kept),
+                                                                                     bool)
+        if cfg.deadline_policy == "partial":
+            budget[late] = np.floor((cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
+        else:
+            budget[late] = 0
+        done = budget > 0
+        order = np.argsort(kept[done])
+        clients, budget = kept[done][order], budget[done][order]
+        partial = bool((budget < steps[done][order]).any())
+
+        if late.any():
+            duration = cfg.deadline_s
+        else:
+            duration = float(finish.max()) if len(finish) else 0.0
+        duration += cfg.interval_s
+        self.clock = start + duration
+        metrics = {"online": n_online, "sampled": m, "completed": len(clients),
+                   "dropped": m - len(clients), "stragglers": int(late.sum()),
+                   "virtual_round_s": duration, "virtual_time_s": self.clock}
+        if len(clients):
+            metrics["label_tv"] = self.stats.tv(clients)
+        return RoundPlan(clients=clients, step_budget=budget if partial else None,
+                         dropped=np.setdiff1d(sampled, clients).astype(np.int64),
+                         duration=duration, metrics=metrics)

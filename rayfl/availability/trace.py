@@ -1,0 +1,75 @@
+"""``trace``: replay recorded availability (FedScale ``client_behave_trace`` or a plain table).
+
+A trace is a set of online intervals per trace client, held as three flat arrays. Client i of
+the run replays trace client ``i mod M`` (trace clients in sorted id order), and the trace loops
+when the run outlasts it, as FedScale does: a FedScale client with period ``finish_time`` is
+online at time t iff ``active[k] ≤ t mod finish_time ≤ inactive[k]`` for some k; a table loops
+with the period ``max(online_end)``.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from rayfl.schema import ConfigError
+
+KEY = "availability.trace_path"
+PICKLE_FORMAT = ("a FedScale client_behave_trace pickle: {client_id: {'active': [start, ...], "
+                 "'inactive': [end, ...], 'finish_time': period > 0}}")
+TABLE_FORMAT = ("a table with columns client_id, online_start, online_end (seconds, "
+                "online_end ≥ online_start, some online_end > 0)")
+
+
+class Trace:
+    """Online intervals ``[start[j], end[j]]`` of trace client ``owner[j]``, period per client."""
+
+    def __init__(self, path: str, n: int):
+        if path.lower().endswith((".pkl", ".pickle")):
+            self.start, self.end, self.owner, self.period = _read_pickle(path)
+        else:
+            self.start, self.end, self.owner, self.period = _read_table(path)
+        self.n = n
+
+    def online(self, t: int, now: float) -> np.ndarray:
+        x = (now % self.period)[self.owner]
+        hit = (self.start <= x) & (x <= self.end)
+        on = np.zeros(self.period.size, dtype=bool)
+        on[self.owner[hit]] = True
+        return np.resize(on, self.n)
+
+
+def _read_pickle(path: str):
+    try:
+        with open(path, "rb") as f:
+            raw = pickle.load(f)
+        ids = sorted(raw)
+        active = [np.asarray(raw[k]["active"], dtype=np.float64).ravel() for k in ids]
+        inactive = [np.asarray(raw[k]["inactive"], dtype=np.float64).ravel() for k in ids]
+        period = np.array([float(raw[k]["finish_time"]) for k in ids])
+    except Exception as e:  # unreadable or not the documented shape: say which file and why
+        raise ConfigError(KEY, path, f"{PICKLE_FORMAT} ({type(e).__name__}: {e})") from None
+    lens = np.array([len(a) for a in active])
+    if not ids or any(len(a) != len(b) for a, b in zip(active, inactive)) or (period <= 0).any():
+        raise ConfigError(KEY, path, PICKLE_FORMAT + " with as many 'inactive' as 'active' "
+                          "entries per client")
+    owner = np.repeat(np.arange(len(ids)), lens)
+    return np.concatenate(active), np.concatenate(inactive), owner, period
+
+
+def _read_table(path: str):
+    try:
+        table = pq.read_table(path) if path.lower().endswith(".parquet") else \
+            pacsv.read_csv(path)
+        ids = table.column("client_id").to_numpy()
+        start = table.column("online_start").to_numpy().astype(np.float64)
+        end = table.column("online_end").to_numpy().astype(np.float64)
+    except Exception as e:
+        raise ConfigError(KEY, path, f"{TABLE_FORMAT} ({type(e).__name__}: {e})") from None
+    if len(ids) == 0 or (end < start).any() or end.max() <= 0:
+        raise ConfigError(KEY, path, TABLE_FORMAT)
+    uniq, owner = np.unique(ids, return_inverse=True)
+    return start, end, owner, np.full(len(uniq), end.max())

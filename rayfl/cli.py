@@ -1,0 +1,109 @@
+"""Command line: ``rayfl run | resume | keys | algorithms``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rayfl.schema import ConfigError
+
+
+def _cmd_run(args) -> int:
+    from rayfl.simulation import run
+
+    result = run(args.config, args.overrides, run_dir=args.run_dir, quiet=args.quiet)
+    _print_summary(result.summary)
+    print(result.run_dir)
+    return 0
+
+
+def _cmd_resume(args) -> int:
+    from rayfl.simulation import resume
+
+    result = resume(args.run_dir, quiet=args.quiet)
+    _print_summary(result.summary)
+    print(result.run_dir)
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from rayfl.compare import compare
+
+    entries = [e.strip() for e in args.algorithms.split(",") if e.strip()]
+    out_dir, _ = compare(args.config, entries, args.overrides, args.out, args.quiet)
+    print(open(f"{out_dir}/comparison.md").read())
+    print(out_dir)
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    acc = s.get("final_accuracy")
+    acc_s = "n/a" if acc is None else f"{100 * acc:.2f}%"
+    print(f"done: {s['algorithm']} | {s['rounds']} rounds | final accuracy {acc_s} | "
+          f"wall {s['wall_time_s']:.1f} s | model_sha256 {s['model_sha256'][:16]}…")
+
+
+def _cmd_keys(args) -> int:
+    from rayfl.docs import config_reference
+
+    print(config_reference(args.algorithm))
+    return 0
+
+
+def _cmd_algorithms(args) -> int:
+    from rayfl.algorithms import registry
+
+    for name in registry.names():
+        print(f"{name:12s} {registry.summary(name)}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``rayfl`` argument parser."""
+    p = argparse.ArgumentParser(prog="rayfl", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run one experiment from a YAML config")
+    r.add_argument("config", help="YAML config file")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=3 seed=1")
+    r.add_argument("--run-dir", help="run directory (default: <output_dir>/<name>-<time>)")
+    r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.set_defaults(fn=_cmd_run)
+    s = sub.add_parser("resume", help="continue a run from its last checkpoint")
+    s.add_argument("run_dir")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(fn=_cmd_resume)
+    c = sub.add_parser("compare", help="run several algorithms on the same data and sampling")
+    c.add_argument("config")
+    c.add_argument("overrides", nargs="*")
+    c.add_argument("--algorithms", required=True,
+                   help="comma-separated names, NAME+ima for IMA (e.g. fedavg,scaffold,fedavg+ima)")
+    c.add_argument("--out", help="comparison directory")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(fn=_cmd_compare)
+    k = sub.add_parser("keys", help="every config key with its default and meaning")
+    k.add_argument("--algorithm", help="also list this algorithm's hyper-parameters")
+    k.set_defaults(fn=_cmd_keys)
+    a = sub.add_parser("algorithms", help="list the algorithms")
+    a.set_defaults(fn=_cmd_algorithms)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; a bad config exits with status 2 and one clear line."""
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or
+             not hasattr(args, "overrides")]
+    if stray:
+        p.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"rayfl: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""``data.*``: dataset, client population, partition and drift regime."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from rayfl.schema import ConfigError, field
+
+NATURAL = ("femnist", "movielens", "synthetic_fedprox")  # datasets that carry a client id per row
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from and how it is split among clients."""
+
+    dataset: Literal["fmnist", "cifar10", "cifar100", "femnist", "emnist", "movielens", "digits",
+                     "synthetic", "synthetic_fedprox"] = field(
+        "fmnist", doc="dataset: fmnist (Debian package dataset-fashion-mnist), cifar10, cifar100 "
+                      "(python pickle batches), femnist (LEAF json), emnist (IDX), movielens "
+                      "(ML-1M .dat), digits (scikit-learn), synthetic (Gaussian blobs), "
+                      "synthetic_fedprox (FedProx Synthetic(α, β))")
+    root: Optional[str] = field(None, doc="directory with the dataset's files (default: the "
+                                          "dataset's standard location; nothing is downloaded)")
+    num_clients: int = field(100, doc="registered clients N, validation clients included; for "
+                                      "partition=natural the first N writers/users", lo=1)
+    partition: Literal["iid", "dirichlet", "label_dirichlet", "shards", "natural"] = field(
+        "dirichlet", doc="iid; dirichlet: label skew with unequal sizes (Hsu et al.); "
+                         "label_dirichlet: each client's label mix ~ Dir(α·p) at the size set by "
+                         "data.sizes (FedMIM, AdaBest); shards: data.shards_per_client label-"
+                         "sorted shards each (IMA #C); natural: one client per writer/user")
+    alpha: float = field(0.1, doc="Dirichlet concentration α (also the client_only regime's)",
+                         lo=0.0, lo_open=True)
+    min_samples: int = field(10, doc="dirichlet: redraw until every client has this many", lo=1)
+    sizes: Literal["equal", "lognormal"] = field(
+        "equal", doc="iid/label_dirichlet client sizes: equal (±1), or log-normal around n/N "
+                     "with σ = data.sigma (AdaBest unbalanced)")
+    sigma: float = field(0.3, doc="σ of log-normal client sizes (sizes=lognormal)", lo=0.0)
+    shards_per_client: int = field(2, doc="shards: #C label-sorted shards per client", lo=1)
+    validation_clients: int = field(0, doc="the last K clients hold validation data only: never "
+                                           "sampled for training, read via reader.validation()",
+                                    lo=0)
+    regime: Optional[Literal["iid", "period_only", "client_only", "both"]] = field(
+        None, doc="FedEve drift experiment: iid and client_only store an iid partition, "
+                  "period_only and both the configured non-iid one; period_only (client_only) "
+                  "re-splits the sampled clients' pooled rows iid (Dirichlet α) every round")
+    cache_dir: Optional[str] = field(None, doc="partition cache (default $RAYFL_CACHE or "
+                                               "~/.cache/rayfl, resolved on each node)")
+    emnist_split: Literal["letters", "digits", "balanced", "byclass", "bymerge", "mnist"] = field(
+        "letters", doc="emnist: which EMNIST split's IDX files to read")
+    # synthetic datasets (for tests and scale runs)
+    features: int = field(20, doc="synthetic*: input dimension (FedProx uses 60)", lo=1)
+    classes: int = field(10, doc="synthetic*: number of classes", lo=2)
+    samples_per_client: int = field(50, doc="synthetic*: mean samples per client", lo=1)
+    test_samples: int = field(1000, doc="synthetic*: test set size", lo=1)
+    synthetic_alpha: float = field(1.0, doc="synthetic_fedprox: α, spread of client models",
+                                   lo=0.0)
+    synthetic_beta: float = field(1.0, doc="synthetic_fedprox: β, spread of client inputs",
+                                  lo=0.0)
+
+    def check(self, prefix: str) -> None:
+        if self.partition == "dirichlet" and self.dataset == "synthetic" and self.min_samples > \
+                self.samples_per_client:
+            raise ConfigError(f"{prefix}.min_samples", self.min_samples,
+                              f"at most data.samples_per_client = {self.samples_per_client}")
+        if self.partition == "natural" and self.dataset not in NATURAL:
+            raise ConfigError(f"{prefix}.partition", self.partition,
+                              f"a dataset with writers/users ({', '.join(NATURAL)}), not "
+                              f"data.dataset = {self.dataset!r}; or another partition")
+        if self.sizes != "equal" and self.partition not in ("iid", "label_dirichlet"):
+            raise ConfigError(f"{prefix}.sizes", self.sizes,
+                              "'equal' unless data.partition is iid or label_dirichlet (the "
+                              f"{self.partition} partition decides its own sizes)")
+        if self.validation_clients >= self.num_clients:
+            raise ConfigError(f"{prefix}.validation_clients", self.validation_clients,
+                              f"fewer than data.num_clients = {self.num_clients}")
+        if self.regime in ("period_only", "both") and self.partition == "iid":
+            raise ConfigError(f"{prefix}.regime", self.regime,
+                              "a non-iid data.partition (dirichlet, label_dirichlet, shards or "
+                              "natural) to drift from")
+
+    @property
+    def stored_partition(self) -> str:
+        """The partition written to disk: the regime forces iid for iid and client_only."""
+        return "iid" if self.regime in ("iid", "client_only") else self.partition

@@ -1,0 +1,72 @@
+"""Dataset loaders: each turns its on-disk format into :class:`Arrays` (nothing downloads)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+# data.dataset -> module whose ``load(cfg, seed) -> Arrays`` reads it
+LOADERS = {
+    "fmnist": "rayfl.data.datasets.fmnist",
+    "cifar10": "rayfl.data.datasets.cifar",
+    "cifar100": "rayfl.data.datasets.cifar",
+    "femnist": "rayfl.data.datasets.leaf",
+    "emnist": "rayfl.data.datasets.emnist",
+    "movielens": "rayfl.data.datasets.movielens",
+    "digits": "rayfl.data.datasets.digits",
+    "synthetic": "rayfl.data.datasets.synthetic",
+    "synthetic_fedprox": "rayfl.data.datasets.fedprox",
+}
+
+
+@dataclass
+class Arrays:
+    """A centrally held dataset before partitioning.
+
+    ``x_*`` keep their storage dtype (uint8 images stay uint8); a model sees
+    ``x * scale`` as float32 reshaped to ``input_shape`` — or, for ``kind == "ids"``, the
+    integer columns as int64 indices into tables of sizes ``vocab``. ``groups`` (natural
+    datasets) gives each training row's writer/user as 0..G-1. ``eval_group`` > 0 says the
+    test set is ranked in consecutive groups of that many rows (one positive each).
+    """
+
+    x_train: np.ndarray  # (n, features)
+    y_train: np.ndarray  # (n,) int
+    x_test: np.ndarray
+    y_test: np.ndarray
+    input_shape: tuple[int, ...]
+    num_classes: int
+    scale: float = 1.0
+    groups: Optional[np.ndarray] = None
+    kind: str = "dense"
+    vocab: tuple[int, ...] = ()
+    eval_group: int = 0
+
+
+def load(cfg, seed: int) -> Arrays:
+    """The central dataset named by ``cfg.dataset``."""
+    return importlib.import_module(LOADERS[cfg.dataset]).load(cfg, seed)
+
+
+def require(root: str | None, paths: list[str], what: str, hint: str,
+            inside: str | None = None) -> str:
+    """The dataset folder (``root/inside`` when that exists), or a ConfigError on ``data.root``
+    naming every expected file that is missing."""
+    import os
+
+    from rayfl.schema import ConfigError
+
+    if root is None:
+        raise ConfigError("data.root", None, f"a directory with {what} ({', '.join(paths)}); "
+                          f"{hint}")
+    if inside and os.path.isdir(os.path.join(root, inside)):
+        root = os.path.join(root, inside)
+    missing = [p for p in paths if not any(os.path.exists(os.path.join(root, p + ext))
+                                           for ext in ("", ".gz"))]
+    if missing:
+        raise ConfigError("data.root", root, f"a directory with {what} (missing: "
+                          f"{', '.join(missing)}); {hint}")
+    return root

@@ -1,0 +1,34 @@
+"""CIFAR-10/100 from the python-pickle batches that torchvision reads (cifar-*-python)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+
+from rayfl.data.datasets import Arrays, require
+
+LAYOUT = {  # dataset -> (folder, train files, test file, label key, classes)
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch",
+                b"labels", 10),
+    "cifar100": ("cifar-100-python", ["train"], "test", b"fine_labels", 100),
+}
+HINT = ("download and unpack the python version from https://www.cs.toronto.edu/~kriz/cifar.html "
+        "(or torchvision's download=True) and set data.root to the folder holding it")
+
+
+def _batch(path: str, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as f:
+        d = pickle.load(f, encoding="bytes")
+    return np.asarray(d[b"data"], dtype=np.uint8), np.asarray(d[label_key], dtype=np.int64)
+
+
+def load(cfg, seed: int) -> Arrays:
+    """uint8 rows of 3072 values (channel-major RGB, 32×32), fine labels for CIFAR-100."""
+    folder, train, test, key, classes = LAYOUT[cfg.dataset]
+    root = require(cfg.root, train + [test], f"{cfg.dataset}'s {folder}/ batches", HINT, folder)
+    parts = [_batch(os.path.join(root, name), key) for name in train]
+    x_te, y_te = _batch(os.path.join(root, test), key)
+    return Arrays(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                  x_te, y_te, input_shape=(3, 32, 32), num_classes=classes, scale=1 / 255)

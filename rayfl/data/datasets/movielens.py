@@ -1,0 +1,92 @@
+"""MovieLens-1M as implicit feedback, FedEve's protocol (leave-one-out, sampled negatives).
+
+Every rating is a positive. Per user the latest rating (ties: larger movie id) is the test
+positive, ranked against 99 distinct unrated movies; every training positive gets 4 unrated
+negatives. Rows are ``(user, movie)`` index pairs with label 1/0, grouped by user.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow.csv as pacsv
+
+from rayfl.data.datasets import Arrays, require
+
+FILES = ["ratings.dat", "users.dat", "movies.dat"]
+HINT = "unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and set data.root to ml-1m"
+TRAIN_NEG, TEST_NEG = 4, 99
+
+
+def _ids(path: str) -> np.ndarray:
+    """First ``::`` field of every line (users.dat / movies.dat ids), sorted."""
+    with open(path, "rb") as f:
+        return np.sort(np.array([int(line.split(b"::", 1)[0]) for line in f if line.strip()]))
+
+
+def _ratings(path: str) -> np.ndarray:
+    """(n, 3) int64 user id, movie id, timestamp from ``UserID::MovieID::Rating::Timestamp``."""
+    names = ["u", "_1", "m", "_2", "r", "_3", "t"]
+    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=names),
+                           parse_options=pacsv.ParseOptions(delimiter=":"),
+                           convert_options=pacsv.ConvertOptions(include_columns=["u", "m", "t"]))
+    return np.stack([table.column(c).to_numpy().astype(np.int64) for c in ("u", "m", "t")], 1)
+
+
+def _negatives(users: np.ndarray, rated: np.ndarray, items: int, rng: np.random.Generator,
+               distinct: bool) -> np.ndarray:
+    """One unrated item per entry of ``users`` (rejection sampling, vectorised); with
+    ``distinct`` no user gets the same item twice."""
+    out = rng.integers(0, items, size=len(users))
+    bad = np.ones(len(users), dtype=bool)
+    while bad.any():
+        keys = users * items + out
+        pos = np.minimum(np.searchsorted(rated, keys), len(rated) - 1)
+        bad = rated[pos] == keys
+        if distinct:
+            first = np.zeros(len(keys), dtype=bool)
+            first[np.unique(keys, return_index=True)[1]] = True
+            bad |= ~first
+        out[bad] = rng.integers(0, items, size=int(bad.sum()))
+    return out
+
+
+def load(cfg, seed: int) -> Arrays:
+    """Train/test (user, item) rows for the users with at least two ratings."""
+    root = require(cfg.root, FILES, "MovieLens-1M's .dat files", HINT)
+    user_ids, movie_ids = _ids(os.path.join(root, "users.dat")), _ids(os.path.join(root,
+                                                                                   "movies.dat"))
+    r = _ratings(os.path.join(root, "ratings.dat"))
+    u, m = np.searchsorted(user_ids, r[:, 0]), np.searchsorted(movie_ids, r[:, 1])
+    if (user_ids[np.minimum(u, len(user_ids) - 1)] != r[:, 0]).any() or \
+            (movie_ids[np.minimum(m, len(movie_ids) - 1)] != r[:, 1]).any():
+        from rayfl.schema import ConfigError
+
+        raise ConfigError("data.root", root, "ratings.dat whose users and movies all appear "
+                          "in users.dat and movies.dat")
+    order = np.lexsort((m, r[:, 2], u))  # by user, then time, then movie
+    u, m = u[order], m[order]
+    counts = np.bincount(u, minlength=len(user_ids))
+    keep = counts[u] >= 2
+    u, m = u[keep], m[keep]
+    last = np.r_[u[1:] != u[:-1], True]  # each user's latest rating is the test positive
+    items = len(movie_ids)
+    rated = np.unique(u * items + m)
+    rng = np.random.default_rng([seed, 0x4D4C])
+    tu, tm, pu = u[~last], m[~last], u[last]
+    nu = np.repeat(tu, TRAIN_NEG)
+    nm = _negatives(nu, rated, items, rng, distinct=False)
+    qu = np.repeat(pu, TEST_NEG)
+    qm = _negatives(qu, rated, items, rng, distinct=True)
+    train_u = np.concatenate([tu, nu])
+    x_train = np.stack([train_u, np.concatenate([tm, nm])], 1).astype(np.int32)
+    y_train = np.r_[np.ones(len(tu)), np.zeros(len(nu))].astype(np.int64)
+    test = np.concatenate([np.stack([pu, m[last]], 1)[:, None],
+                           np.stack([qu, qm], 1).reshape(len(pu), TEST_NEG, 2)], 1)
+    y_test = np.zeros((len(pu), 1 + TEST_NEG), dtype=np.int64)
+    y_test[:, 0] = 1
+    groups = np.searchsorted(np.unique(pu), train_u)
+    return Arrays(x_train, y_train, test.reshape(-1, 2).astype(np.int32), y_test.reshape(-1),
+                  input_shape=(2,), num_classes=2, groups=groups, kind="ids",
+                  vocab=(len(user_ids), items), eval_group=1 + TEST_NEG)

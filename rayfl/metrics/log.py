@@ -1,0 +1,101 @@
+"""The run directory's metrics: ``metrics.parquet`` (a row per round) and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayfl.metrics.live import LiveMetrics
+from rayfl.models import sha256_of
+
+
+def _plain(v):
+    if isinstance(v, (np.floating, np.integer)):
+        return v.item()
+    return v
+
+
+class MetricsLog:
+    """Rows in memory, rewritten atomically to Parquet after every round."""
+
+    def __init__(self, run_dir: str, cfg):
+        self.run_dir, self.cfg = run_dir, cfg
+        self.path = os.path.join(run_dir, "metrics.parquet")
+        self.rows: list[dict] = []
+        self.live = LiveMetrics(cfg.name)
+
+    def truncate(self, last_round: int) -> None:
+        """Keep the rows of rounds ≤ ``last_round`` (resume after a crash)."""
+        if os.path.isfile(self.path):
+            rows = pq.read_table(self.path).to_pylist()
+            self.rows = [{k: v for k, v in r.items() if v is not None} for r in rows
+                         if r["round"] <= last_round]
+
+    def append(self, row: dict) -> None:
+        """Add one round's metrics (and publish them as Ray metrics)."""
+        row = {k: _plain(v) for k, v in row.items()}
+        self.rows.append(row)
+        self.live.publish(row)
+
+    def flush(self) -> None:
+        """Rewrite ``metrics.parquet`` (atomically)."""
+        write_parquet(self.rows, self.path)
+
+    def finish(self, final_model: np.ndarray, diverged_at: int | None = None) -> dict:
+        """Write the final model, the summary and the accuracy plot; return the summary."""
+        np.save(os.path.join(self.run_dir, "final_model.npy"), final_model)
+        summary = summarize(self.rows, self.cfg, final_model)
+        if diverged_at is not None:
+            summary["diverged_at_round"] = diverged_at
+        write_json(summary, os.path.join(self.run_dir, "summary.json"))
+        from rayfl.metrics.plots import plot_accuracy
+
+        plot_accuracy({self.cfg.name: self.rows}, os.path.join(self.run_dir, "accuracy.png"))
+        return summary
+
+
+def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
+    """Final and last-k accuracy, rounds to target, wall time and the model hash."""
+    evals = [(r["round"], r["test_accuracy"]) for r in rows if "test_accuracy" in r]
+    accs = [a for _, a in evals]
+    target = cfg.eval.target_accuracy
+    reached = next((t for t, a in evals if target is not None and a >= target), None)
+    return {
+        "name": cfg.name,
+        "algorithm": cfg.algorithm.name + ("+ima" if cfg.ima is not None else ""),
+        "rounds": len(rows),
+        "final_accuracy": accs[-1] if accs else None,
+        f"mean_last_{cfg.eval.last_k}_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))
+        if accs else None,
+        "final_test_loss": next((r["test_loss"] for r in reversed(rows) if "test_loss" in r),
+                                None),
+        "target_accuracy": target,
+        "rounds_to_target": None if reached is None else reached + 1,
+        "wall_time_s": rows[-1]["elapsed_s"] if rows else 0.0,
+        "mean_round_s": float(np.mean([r["round_s"] for r in rows])) if rows else 0.0,
+        "virtual_time_s": rows[-1].get("virtual_time_s", 0.0) if rows else 0.0,
+        "model_sha256": sha256_of(final_model),
+    }
+
+
+def write_parquet(rows: list[dict], path: str) -> None:
+    """Rows (dicts with possibly different keys) to a Parquet file, atomically."""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    table = pa.table({k: [r.get(k) for r in rows] for k in keys})
+    tmp = path + ".tmp"
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_json(obj: dict, path: str) -> None:
+    """A JSON file, written atomically."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)

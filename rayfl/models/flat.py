@@ -1,0 +1,65 @@
+"""A torch module whose parameters and gradients are views into two flat buffers.
+
+Every server rule and client-state update then works on one contiguous vector, and loading a
+model is a single ``copy_``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class FlatModel:
+    """Wraps ``module`` so that ``self.w`` holds all parameters and ``self.g`` all gradients."""
+
+    def __init__(self, module: nn.Module, device: str | torch.device = "cpu"):
+        self.module = module.to(device)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        self.w = torch.cat([p.detach().reshape(-1) for p in params]).contiguous()
+        self.g = torch.zeros_like(self.w)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self.w[offset:offset + n].view_as(p)
+            p.grad = self.g[offset:offset + n].view_as(p)
+            offset += n
+        self.dim = offset
+        self.device = self.w.device
+
+    def load(self, flat: torch.Tensor) -> None:
+        """Set all parameters from a flat vector."""
+        self.w.copy_(flat)
+
+    def loss_and_grad(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+                      loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss and flat gradient at ``point`` on one minibatch (gradient buffer is reused)."""
+        self.w.copy_(point)
+        self.g.zero_()
+        loss = loss_fn(self.module(x), y)
+        loss.backward()
+        return loss.detach(), self.g
+
+    @torch.no_grad()
+    def evaluate(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss_fn,
+                 batch_size: int = 1000) -> tuple[float, float]:
+        """(mean loss, accuracy) of ``point`` on a labelled set, in batches."""
+        self.w.copy_(point)
+        self.module.eval()
+        loss_sum, correct = 0.0, 0
+        for i in range(0, len(y), batch_size):
+            out = self.module(x[i:i + batch_size])
+            yb = y[i:i + batch_size]
+            loss_sum += float(loss_fn(out, yb)) * len(yb)
+            correct += int((out.argmax(1) == yb).sum())
+        self.module.train()
+        n = max(len(y), 1)
+        return loss_sum / n, correct / n
+
+
+def sha256_of(flat: np.ndarray) -> str:
+    """sha256 of a flat float32 parameter vector's bytes (the run's ``model_sha256``)."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(flat, dtype=np.float32).tobytes()).hexdigest()

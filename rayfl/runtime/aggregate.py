@@ -1,0 +1,104 @@
+"""Partial sums of client results: what a group of clients sends back, and how groups combine.
+
+A :class:`PartialSum` accumulates clients in a fixed order and is combined with other groups in
+group order, so the floating-point result never depends on which actor ran which group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rayfl.algorithms.base import Aggregate, ClientResult
+
+
+def _add(a: Any, b: Any) -> Any:
+    return b.clone() if a is None and isinstance(b, torch.Tensor) else (b if a is None else a + b)
+
+
+@dataclass
+class PartialSum:
+    """Running sums over completed clients (see :class:`rayfl.algorithms.base.Aggregate`)."""
+
+    count: int = 0
+    weight_sum: float = 0.0
+    delta_w: torch.Tensor | None = None  # Σ w_i Δ_i
+    delta: torch.Tensor | None = None  # Σ Δ_i
+    delta_sq: float = 0.0  # Σ ‖Δ_i‖²
+    steps: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0  # Σ mean local loss of each client
+    extras: dict[str, Any] = field(default_factory=dict)
+    client_ids: list[int] = field(default_factory=list)  # only with keep_models
+    client_models: list[torch.Tensor] = field(default_factory=list)
+
+    def add_client(self, client_id: int, delta: torch.Tensor, weight: float, steps: int,
+                   samples: int, loss: float, result: ClientResult,
+                   final_model: torch.Tensor | None = None) -> None:
+        """Accumulate one client's Δ_i = x_start − y_i, its weight and its payload."""
+        self.count += 1
+        self.weight_sum += weight
+        self.delta_w = _add(self.delta_w, delta * weight)
+        self.delta = _add(self.delta, delta)
+        self.delta_sq += float(torch.dot(delta.double(), delta.double()))
+        self.steps += steps
+        self.samples += samples
+        self.loss_sum += loss
+        for k, v in result.payload.items():
+            self.extras[k] = _add(self.extras.get(k), v)
+        if final_model is not None:
+            self.client_ids.append(client_id)
+            self.client_models.append(final_model)
+
+    def merge(self, other: "PartialSum") -> "PartialSum":
+        """This sum followed by ``other`` (order matters for bitwise reproducibility)."""
+        if other.count == 0:
+            return self
+        self.count += other.count
+        self.weight_sum += other.weight_sum
+        self.delta_w = _add(self.delta_w, other.delta_w)
+        self.delta = _add(self.delta, other.delta)
+        self.delta_sq += other.delta_sq
+        self.steps += other.steps
+        self.samples += other.samples
+        self.loss_sum += other.loss_sum
+        for k, v in other.extras.items():
+            self.extras[k] = _add(self.extras.get(k), v)
+        self.client_ids += other.client_ids
+        self.client_models += other.client_models
+        return self
+
+    def to(self, device: str | torch.device) -> "PartialSum":
+        """Move every tensor (e.g. to the CPU before it leaves a GPU actor)."""
+        mv = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
+        self.delta_w, self.delta = mv(self.delta_w), mv(self.delta)
+        self.extras = {k: mv(v) for k, v in self.extras.items()}
+        self.client_models = [mv(v) for v in self.client_models]
+        return self
+
+    def finalize(self, num_sampled: int, num_clients: int, dim: int,
+                 dtype=torch.float32) -> Aggregate:
+        """The round's :class:`Aggregate` (zero update when no client completed)."""
+        if self.count == 0 or self.weight_sum <= 0:
+            zero = torch.zeros(dim, dtype=dtype)
+            return Aggregate(0, num_sampled, num_clients, 0.0, zero, zero.clone(), 0.0, 0, {})
+        return Aggregate(
+            count=self.count, num_sampled=num_sampled, num_clients=num_clients,
+            weight_sum=self.weight_sum, delta_mean=self.delta_w / self.weight_sum,
+            delta_sum=self.delta, delta_sq_sum=self.delta_sq, steps_sum=self.steps,
+            extras=dict(self.extras))
+
+
+def drift_metrics(agg: Aggregate, prev_delta_mean: torch.Tensor | None) -> dict[str, float]:
+    """Common drift measures: ‖Δ̄‖, client drift mean_k ‖Δ_k − Δ̄‖², period drift ‖Δ̄_t − Δ̄_{t−1}‖²."""
+    if agg.count == 0:
+        return {}
+    dm = agg.delta_mean.double()
+    s = agg.count
+    spread = (agg.delta_sq_sum / s - 2 * float(dm @ agg.delta_sum.double()) / s + float(dm @ dm))
+    out = {"update_norm": float(dm.norm()), "client_drift": max(spread, 0.0)}
+    if prev_delta_mean is not None:
+        out["period_drift"] = float((dm - prev_delta_mean.double()).pow(2).sum())
+    return out

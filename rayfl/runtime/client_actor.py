@@ -1,0 +1,109 @@
+"""The client actor: hosts virtual clients, trains the sampled ones with one model in place.
+
+One long-lived actor serves many virtual clients. Per round it receives groups of
+``(client, weight, state version, step budget)``; for each client in order it loads the
+client's rows (a zero-copy slice of the memory-mapped store) and persistent state, trains,
+writes the new state, and adds the result to the group's :class:`PartialSum`. Only the groups'
+sums leave the actor.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+
+import numpy as np
+import ray
+import torch
+from torch import nn
+
+from rayfl import algorithms
+from rayfl.models import FlatModel, build_model
+from rayfl.runtime.aggregate import PartialSum
+from rayfl.runtime.inprocess import client_rng, run_client
+from rayfl.runtime.local import spec_from_config
+from rayfl.runtime.state_store import StateStore
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pick_device(gpus: float) -> torch.device:
+    """CUDA when Ray gave this process a GPU (and torch sees one), else CPU."""
+    if gpus > 0 and ray.get_gpu_ids() and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def model_for(cfg, handle, device) -> FlatModel:
+    """The configured model, initialised from the run seed, as a :class:`FlatModel`."""
+    torch.manual_seed(cfg.seed)
+    kwargs = {"hidden": tuple(cfg.model.hidden)} if cfg.model.hidden else {}
+    module = build_model(cfg.model.name, handle.input_shape, handle.num_classes, **kwargs)
+    return FlatModel(module, device)
+
+
+class ClientWorker:
+    """The actor's body (a plain class, so tests and benchmarks can also run it in-process)."""
+
+    def __init__(self, cfg, handle, state_root: str, budget_bytes: float):
+        torch.set_num_threads(max(1, math.floor(cfg.runtime.cpus_per_actor)))
+        self.cfg, self.seed = cfg, cfg.seed
+        self.device = pick_device(cfg.runtime.gpus_per_actor)
+        self.reader = handle.open()
+        self.model = model_for(cfg, handle, self.device)
+        self.algorithm = algorithms.build(cfg, handle.num_clients)
+        self.spec = spec_from_config(cfg.local)
+        self.store = StateStore(state_root, budget_bytes)
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def ready(self) -> dict:
+        """Device and thread facts (also forces construction before round 0)."""
+        return {"device": str(self.device), "threads": torch.get_num_threads(), "pid": os.getpid()}
+
+    def _grad_fn(self, x: torch.Tensor, y: torch.Tensor):
+        model, loss_fn = self.model, self.loss_fn
+
+        def grad_fn(point, idx):
+            idx_t = torch.from_numpy(idx).to(x.device)
+            return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
+
+        return grad_fn
+
+    def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups) -> dict:
+        """Train every client of every group; returns {"sums": [(group, PartialSum)], ...}."""
+        start = time.perf_counter()
+        bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
+        keep_models = self.algorithm.needs_client_models
+        sums, written = [], []
+        for group, tasks in groups:
+            acc = PartialSum()
+            for client, weight, version, budget in tasks:
+                raw_x, raw_y = self.reader.client(client)
+                x, y = self.reader.tensors(raw_x, raw_y, self.device)
+                cstate = self.store.load(client, version)
+                if cstate is not None:
+                    cstate = {k: v.to(self.device) for k, v in cstate.items()}
+                out = run_client(self.algorithm, bc_t, cstate, self._grad_fn(x, y), len(raw_y),
+                                 self.spec, lr, t, weight, client_rng(self.seed, t, client),
+                                 budget, client_id=client)
+                if out.result.state is not None:
+                    self.store.save(client, t, out.result.state)
+                    written.append(client)
+                acc.add_client(client, out.delta, weight, out.steps, len(raw_y), out.loss,
+                               out.result, out.y if keep_models else None)
+            sums.append((group, acc.to("cpu")))
+        return {"sums": sums, "written": written, "seconds": time.perf_counter() - start,
+                "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb()}
+
+    def setup_summaries(self, client_ids) -> np.ndarray:
+        """The algorithm's one-off per-client summaries (fedmsi), one row per client."""
+        rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
+        return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
+
+
+ClientActor = ray.remote(ClientWorker)

@@ -1,0 +1,98 @@
+"""Local training of one virtual client on flat vectors: the loop every algorithm shares.
+
+The loop knows nothing about models or algorithms: it asks ``grad_fn(point, batch_idx)`` for a
+minibatch loss and flat gradient, lets the algorithm's :class:`LocalRule` pick the gradient point
+and correct the direction, and applies the local optimizer (SGD with momentum / weight decay /
+clipping, or Adam). Minibatch order comes from a generator keyed by (seed, round, client).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import LocalRule, Vec
+
+GradFn = Callable[[Vec, np.ndarray], tuple[torch.Tensor, Vec]]
+
+
+@dataclass(frozen=True)
+class LocalSpec:
+    """The local optimiser settings of one round (resolved from ``local.*`` config)."""
+
+    epochs: int = 1
+    steps: int | None = None  # fixed local steps instead of epochs
+    batch_size: int = 50
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    clip_norm: float | None = None
+    optimizer: str = "sgd"  # sgd | adam
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+
+    def num_steps(self, n: int) -> int:
+        """K_i: local steps a client with ``n`` samples runs in a full round."""
+        if self.steps is not None:
+            return self.steps
+        return self.epochs * math.ceil(n / self.batch_size)
+
+
+def batch_schedule(n: int, spec: LocalSpec, rng: np.random.Generator, max_steps: int | None):
+    """Yield the index arrays of every minibatch (reshuffled each epoch), at most ``max_steps``."""
+    total = spec.num_steps(n)
+    if max_steps is not None:
+        total = min(total, max_steps)
+    per_epoch = math.ceil(n / spec.batch_size)
+    done = 0
+    while done < total:
+        perm = rng.permutation(n)
+        for b in range(per_epoch):
+            if done >= total:
+                return
+            yield perm[b * spec.batch_size:(b + 1) * spec.batch_size]
+            done += 1
+
+
+def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalSpec, lr: float,
+                 rng: np.random.Generator, max_steps: int | None = None) -> tuple[Vec, int, float]:
+    """Run local training from ``y0``; returns (final iterate y, steps run K_i, mean loss)."""
+    y = y0.clone()
+    buf = torch.zeros_like(y) if spec.momentum > 0 or spec.optimizer == "adam" else None
+    sq = torch.zeros_like(y) if spec.optimizer == "adam" else None
+    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
+    steps = 0
+    for idx in batch_schedule(n, spec, rng, max_steps):
+        loss, g = grad_fn(rule.grad_point(y), idx)
+        if spec.weight_decay:
+            g = g.add(y, alpha=spec.weight_decay)
+        d = rule.direction(g, y, lr)
+        if spec.clip_norm is not None:
+            norm = torch.linalg.vector_norm(d)
+            d = d * torch.clamp(spec.clip_norm / (norm + 1e-12), max=1.0)
+        steps += 1
+        if spec.optimizer == "adam":
+            b1, b2 = spec.adam_betas
+            buf.mul_(b1).add_(d, alpha=1 - b1)
+            sq.mul_(b2).addcmul_(d, d, value=1 - b2)
+            m_hat = buf / (1 - b1**steps)
+            v_hat = sq / (1 - b2**steps)
+            y.addcdiv_(m_hat, v_hat.sqrt_().add_(spec.adam_eps), value=-lr)
+        elif buf is not None:
+            buf.mul_(spec.momentum).add_(d)
+            y.add_(buf, alpha=-lr)
+        else:
+            y.add_(d, alpha=-lr)
+        loss_sum += loss.detach()
+    mean_loss = float(loss_sum) / steps if steps else float("nan")
+    return y, steps, mean_loss
+
+
+def spec_from_config(local) -> LocalSpec:
+    """The :class:`LocalSpec` of a ``local.*`` config section."""
+    return LocalSpec(epochs=local.epochs, steps=local.steps, batch_size=local.batch_size,
+                     momentum=local.momentum, weight_decay=local.weight_decay,
+                     clip_norm=local.clip_norm, optimizer=local.optimizer)

@@ -1,0 +1,172 @@
+"""Typed config sections built from plain dicts, with errors that name key, value and expectation.
+
+A section is a frozen dataclass. Its fields' type hints drive validation (int, float, bool, str,
+``Literal`` choices, ``list[float]``, ``Optional``, nested sections, ``dict``); a field's
+``metadata`` may add ``min``/``max`` bounds (``rng(lo, hi)``) and ``doc`` text. Cross-field rules
+live in a section's ``check()`` method, which raises :class:`ConfigError` itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A config value is wrong: says which key, what value, and what was expected."""
+
+    def __init__(self, key: str, value: Any, expected: str):
+        self.key, self.value, self.expected = key, value, expected
+        super().__init__(f"config key '{key}' = {value!r}: expected {expected}")
+
+
+def field(default: Any = dataclasses.MISSING, *, doc: str = "", lo=None, hi=None,
+          lo_open: bool = False, hi_open: bool = False, factory=None):
+    """A dataclass field carrying a docstring and optional numeric bounds."""
+    meta = {"doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in args) + " (or null)"
+    if origin is list:
+        return f"a list of {_describe(get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping with keys {', '.join(f.name for f in dataclasses.fields(tp))}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
+        tp, str(tp))
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(a, value, key)
+            except ConfigError:
+                continue
+        raise ConfigError(key, value, _describe(tp))
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(key, value, _describe(tp))
+        return value
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, _describe(tp))
+        (inner,) = get_args(tp)
+        return [_coerce(inner, v, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, value, "a mapping")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(key, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "a string")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported schema type {tp!r} at {key}")
+
+
+def _check_bounds(f: dataclasses.Field, value: Any, key: str) -> None:
+    m = f.metadata
+    if value is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    lo, hi = m.get("lo"), m.get("hi")
+    bad_lo = lo is not None and (value <= lo if m.get("lo_open") else value < lo)
+    bad_hi = hi is not None and (value >= hi if m.get("hi_open") else value > hi)
+    if bad_lo or bad_hi:
+        left = "(" if m.get("lo_open") else "["
+        right = ")" if m.get("hi_open") else "]"
+        lo_s = "-inf" if lo is None else lo
+        hi_s = "inf" if hi is None else hi
+        raise ConfigError(key, value, f"a value in {left}{lo_s}, {hi_s}{right}")
+
+
+def build(cls: type, data: Any, prefix: str = "") -> Any:
+    """Validate ``data`` (a mapping) into the dataclass ``cls``; unknown keys are errors."""
+    where = prefix or "<root>"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(where, data, _describe(cls))
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
+        raise ConfigError(key, data[unknown[0]], f"no such key; valid keys here: "
+                          f"{', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name in data:
+            value = _coerce(hints[name], data[name], key)
+            _check_bounds(f, value, key)
+            kwargs[name] = value
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(key, None, f"a value ({_describe(hints[name])}); this key is required")
+    obj = cls(**kwargs)
+    check = getattr(obj, "check", None)
+    if check is not None:
+        check(prefix)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain-data view of a section (for YAML dumps and hashing)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, Any, str]]:
+    """Rows (key, type, default, doc) for every field, nested sections flattened."""
+    rows = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe_fields(tp, key)
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "(required)")
+        rows.append((key, _describe(tp), default, f.metadata.get("doc", "")))
+    return rows
+
+
+__all__ = ["ConfigError", "build", "field", "to_dict", "describe_fields"]

@@ -1,0 +1,64 @@
+"""Config validation: a bad config names key, value and expectation, exits 2, starts nothing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from rayfl import config
+from rayfl.cli import main
+from rayfl.schema import ConfigError
+from tests.conftest import TINY
+
+
+@pytest.mark.parametrize("override, key, expected", [
+    ("rounds=0", "rounds", "[1, inf]"),
+    ("local.lr=-0.1", "local.lr", "(0.0, inf]"),
+    ("local.batch_size=ten", "local.batch_size", "an integer"),
+    ("data.partition=shards9", "data.partition", "one of"),
+    ("runtime.nonsense=1", "runtime.nonsense", "no such key"),
+    ("algorithm.name=fedfoo", "algorithm.name", "one of"),
+    ("clients_per_round=500", "clients_per_round", "at most data.num_clients"),
+])
+def test_bad_value_names_key_value_and_expectation(override, key, expected):
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, [override])
+    assert err.value.key == key
+    assert expected in err.value.expected
+    assert key in str(err.value)
+
+
+def test_cli_exits_2_with_one_clear_line_and_writes_nothing(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["run", TINY, "local.momentum=1.5", f"output_dir={runs}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and "local.momentum" in err[0] and "1.5" in err[0]
+    assert not runs.exists()
+
+
+def test_missing_config_file_and_missing_dataset_dir(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml" in capsys.readouterr().err
+    code = main(["run", TINY, "data.dataset=fmnist", f"data.root={tmp_path}",
+                 f"output_dir={tmp_path / 'runs'}"])
+    msg = capsys.readouterr().err
+    assert code == 2 and "data.root" in msg and "dataset-fashion-mnist" in msg
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_overrides_are_typed_and_round_trip():
+    cfg = config.load(TINY, ["rounds=3", "seed=7", "runtime.num_actors=1", "local.lr=0.5",
+                             "ima.window=3"])
+    assert (cfg.rounds, cfg.seed, cfg.runtime.num_actors, cfg.local.lr) == (3, 7, 1, 0.5)
+    assert cfg.ima.window == 3
+    assert config.from_dict(config.to_dict(cfg)) == cfg
+
+
+def test_reference_documents_every_key():
+    from rayfl.docs import config_reference
+
+    text = config_reference()
+    for key in ("local.lr", "runtime.gpus_per_actor", "data.alpha", "eval.every"):
+        assert f"`{key}`" in text
