@@ -11,7 +11,8 @@ from rayfl.schema import ConfigError
 def _cmd_run(args) -> int:
     from rayfl.simulation import run
 
-    result = run(args.config, args.overrides, run_dir=args.run_dir, quiet=args.quiet)
+    result = run(args.config, args.overrides, run_dir=args.run_dir, quiet=args.quiet,
+                 max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
     return 0
@@ -20,7 +21,7 @@ def _cmd_run(args) -> int:
 def _cmd_resume(args) -> int:
     from rayfl.simulation import resume
 
-    result = resume(args.run_dir, quiet=args.quiet)
+    result = resume(args.run_dir, quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
     return 0
@@ -36,7 +37,15 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _cmd_analyze(args) -> int:
+    from rayfl.analysis.commands import run_command
+
+    return run_command(args)
+
+
 def _print_summary(s: dict) -> None:
+    if s.get("status") == "paused":
+        return
     acc = s.get("final_accuracy")
     acc_s = "n/a" if acc is None else f"{100 * acc:.2f}%"
     print(f"done: {s['algorithm']} | {s['rounds']} rounds | final accuracy {acc_s} | "
@@ -58,6 +67,19 @@ def _cmd_algorithms(args) -> int:
     return 0
 
 
+def _cmd_data(args) -> int:
+    import os
+
+    from rayfl.config import load
+    from rayfl.data.inspect import report
+
+    cfg = load(args.config, args.overrides)
+    out = args.out or os.path.join(cfg.output_dir, f"data-{cfg.name}")
+    for line in report(cfg, out, args.rounds, args.max_clients):
+        print(line)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``rayfl`` argument parser."""
     p = argparse.ArgumentParser(prog="rayfl", description=__doc__)
@@ -67,10 +89,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=3 seed=1")
     r.add_argument("--run-dir", help="run directory (default: <output_dir>/<name>-<time>)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
+    r.add_argument("--max-rounds", type=int, help="pause after this many rounds (resumable)")
     r.set_defaults(fn=_cmd_run)
     s = sub.add_parser("resume", help="continue a run from its last checkpoint")
     s.add_argument("run_dir")
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--max-rounds", type=int, help="pause after this many more rounds")
     s.set_defaults(fn=_cmd_resume)
     c = sub.add_parser("compare", help="run several algorithms on the same data and sampling")
     c.add_argument("config")
@@ -80,9 +104,22 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="comparison directory")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=_cmd_compare)
+    from rayfl.analysis.commands import add_subcommands
+
+    z = sub.add_parser("analyze", help="loss landscapes, loss decomposition and drift "
+                                       "diagnostics of a run directory")
+    add_subcommands(z)
+    z.set_defaults(fn=_cmd_analyze)
     k = sub.add_parser("keys", help="every config key with its default and meaning")
     k.add_argument("--algorithm", help="also list this algorithm's hyper-parameters")
     k.set_defaults(fn=_cmd_keys)
+    d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")
+    d.add_argument("config", help="YAML config file")
+    d.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.alpha=0.5")
+    d.add_argument("--out", help="plot directory (default: <output_dir>/data-<name>)")
+    d.add_argument("--rounds", type=int, help="rounds of regime drift to show (default: rounds)")
+    d.add_argument("--max-clients", type=int, default=100, help="clients in the heat map")
+    d.set_defaults(fn=_cmd_data)
     a = sub.add_parser("algorithms", help="list the algorithms")
     a.set_defaults(fn=_cmd_algorithms)
     return p

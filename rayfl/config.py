@@ -24,14 +24,22 @@ from rayfl.schema import ConfigError, field
 class ModelConfig:
     """Which network clients train (see ``rayfl.models``)."""
 
-    name: str = field("fmnist_cnn", doc="model zoo name (logreg, mlp, fmnist_cnn, ...)")
+    name: str = field("fmnist_cnn", doc="model zoo name: logreg, mlp, fmnist_cnn, cifar_cnn "
+                                        "(IMA), adabest_cnn, lenet5, resnet18_gn, ncf (MovieLens)")
     hidden: Optional[list[int]] = field(None, doc="hidden widths for mlp (default 100,100)")
+    groups: int = field(2, doc="GroupNorm groups in resnet18_gn (IMA: 2); must divide 64", lo=1)
+    embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1)
 
     def check(self, prefix: str) -> None:
         from rayfl.models import MODELS
 
         if self.name not in MODELS:
             raise ConfigError(f"{prefix}.name", self.name, "one of " + ", ".join(sorted(MODELS)))
+        if self.hidden is not None and (not self.hidden or min(self.hidden) < 1):
+            raise ConfigError(f"{prefix}.hidden", self.hidden, "a non-empty list of widths >= 1")
+        if 64 % self.groups:
+            raise ConfigError(f"{prefix}.groups", self.groups, "a divisor of 64 (ResNet-18's "
+                              "narrowest layer)")
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,16 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class KeepConfig:
+    """Models kept on disk for later analysis (``rayfl analyze``); nothing is held in memory."""
+
+    rounds: list[int] = field(factory=list, doc="rounds (0-based) whose start model, sampled "
+                                                "clients' final local models and new global "
+                                                "model are saved under models/round-NNNNN/")
+    last: int = field(0, doc="also keep the last this many rounds", lo=0)
+
+
+@dataclass(frozen=True)
 class Config:
     """One experiment."""
 
@@ -138,11 +156,15 @@ class Config:
     runtime: RuntimeConfig = field(factory=RuntimeConfig)
     eval: EvalConfig = field(factory=EvalConfig)
     checkpoint: CheckpointConfig = field(factory=CheckpointConfig)
+    keep: KeepConfig = field(factory=KeepConfig)
 
     def check(self, prefix: str) -> None:
         if self.clients_per_round > self.data.num_clients:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"at most data.num_clients = {self.data.num_clients}")
+        bad = [r for r in self.keep.rounds if not 0 <= r < self.rounds]
+        if bad:
+            raise ConfigError("keep.rounds", bad[0], f"a round in [0, {self.rounds - 1}]")
         if self.runtime.num_actors > self.runtime.logical_shards:
             raise ConfigError("runtime.num_actors", self.runtime.num_actors,
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")

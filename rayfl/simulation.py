@@ -53,7 +53,7 @@ def _ensure_ray(cfg: Config) -> None:
         else:
             needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
             cpus = rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
-            ray.init(num_cpus=cpus, num_gpus=None, include_dashboard=rt.dashboard,
+            ray.init(address="local", num_cpus=cpus, include_dashboard=rt.dashboard,
                      logging_level="WARNING", configure_logging=True)
     have = ray.cluster_resources()
     cpu_need = rt.num_actors * rt.cpus_per_actor
@@ -87,17 +87,21 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     return server, actors
 
 
-def _follow(server, quiet: bool) -> dict:
+def _follow(server, quiet: bool, max_rounds: int | None, on_round) -> dict:
     import ray
 
-    ref = server.run.remote()
-    seen = 0
+    ref = server.run.remote(max_rounds)
+    seen, stopping = 0, False
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
         rows = ray.get(server.progress.remote(seen))
         seen += len(rows)
-        for info in rows if not quiet else []:
-            print(progress_line(info), flush=True)
+        for info in rows:
+            if not quiet:
+                print(progress_line(info), flush=True)
+            if on_round is not None and not stopping and on_round(info):
+                server.request_stop.remote()
+                stopping = True
         if done:
             return ray.get(ref)
 
@@ -117,17 +121,24 @@ def progress_line(info: dict) -> str:
     return " | ".join(parts)
 
 
-def _execute(cfg: Config, run_dir: str, resume: bool, quiet: bool) -> RunResult:
+def _execute(cfg: Config, run_dir: str, resume: bool, quiet: bool, max_rounds: int | None,
+             on_round) -> RunResult:
     import ray
 
     handle = prepare(cfg.data, cfg.seed)
     _ensure_ray(cfg)
     server, actors = _start(cfg, handle, run_dir, resume)
     try:
-        summary = _follow(server, quiet)
+        summary = _follow(server, quiet, max_rounds, on_round)
     finally:
         for a in [server, *actors]:
             ray.kill(a)
+    if "paused_after_round" in summary:
+        if not quiet:
+            print(f"paused after round {summary['paused_after_round'] + 1}/{cfg.rounds}; "
+                  f"continue with: rayfl resume {run_dir}")
+        return RunResult(run_dir, pq.read_table(os.path.join(run_dir, "metrics.parquet")),
+                         {"status": "paused", **summary}, None)
     if summary.get("diverged_at_round") is not None and not quiet:
         print(f"run diverged (NaN/inf) at round {summary['diverged_at_round']}; stopped cleanly",
               file=sys.stderr)
@@ -145,8 +156,13 @@ def load_result(run_dir: str) -> RunResult:
 
 
 def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = None,
-        quiet: bool = False) -> RunResult:
-    """Run one experiment from a config path, dict or :class:`Config`."""
+        quiet: bool = False, max_rounds: int | None = None, on_round=None) -> RunResult:
+    """Run one experiment from a config path, dict or :class:`Config`.
+
+    ``max_rounds`` pauses after that many rounds (checkpointed; :func:`resume` continues).
+    ``on_round(info)`` sees each round's headline numbers (round, train_loss, test/val
+    accuracy when evaluated, round_s); returning True pauses the run after that round.
+    """
     cfg = config_mod.load(source, overrides)
     if cfg.data.dataset == "fmnist":
         from rayfl.data.datasets import fmnist
@@ -158,15 +174,14 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
                           "`rayfl resume` to continue it)")
     os.makedirs(run_dir, exist_ok=True)
     config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
-    return _execute(cfg, run_dir, resume=False, quiet=quiet)
+    return _execute(cfg, run_dir, False, quiet, max_rounds, on_round)
 
 
-def resume(run_dir: str, quiet: bool = False) -> RunResult:
-    """Continue a run from its last checkpoint (or report it finished)."""
+def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
+           on_round=None) -> RunResult:
+    """Continue a run from its last checkpoint (from scratch if it never wrote one)."""
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
     cfg = config_mod.load(path)
-    if not checkpoint.exists(run_dir):
-        return _execute(cfg, run_dir, resume=False, quiet=quiet)
-    return _execute(cfg, run_dir, resume=True, quiet=quiet)
+    return _execute(cfg, run_dir, checkpoint.exists(run_dir), quiet, max_rounds, on_round)

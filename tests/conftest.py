@@ -16,7 +16,7 @@ def ray_local():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
                  log_to_driver=False)
     yield ray
     ray.shutdown()

@@ -1,4 +1,4 @@
-"""Seed algorithms on quadratic clients (in-process, float64): fedmim (001), fedmsi (002), IMA (004).
+"""Seed algorithms on quadratic clients, in-process, float64: fedmim, fedmsi and IMA.
 
 Each test checks one independent fact against a reference written out by hand here: FedCM's
 own update, FedAvg, hand-computed similarity graphs, a hand-rolled IMA loop, the spec's lr table.
@@ -260,16 +260,16 @@ def test_fedmsi_local_step_and_anchor_rule():
         w = {j: float(a[i, j]) for j in s0 if j != i}
         u = sum(w[j] * ys[j] for j in w) / sum(w.values())
         assert torch.allclose(algo.anchor(bc, i), u, rtol=1e-12, atol=1e-12)
-    # S_0 = {1}: client 1 has no neighbour among last round's participants → u_1 = x_0
+    # S_0 = {1}: client 1 has no neighbour among last round's participants → fallback anchor
     x_other = x0() + 1.0
     st = setup_msi(algo, HAND_INPUTS, x0())
     st = algo.receive_client_models(st, [1], torch.stack([x_other]))
     st["x"] = x0() * 3
     bc = algo.broadcast(st, 1)
-    assert torch.equal(algo.anchor(bc, 1), x0())
+    assert torch.equal(algo.anchor(bc, 1), st["x"])  # default: the round's x_t
     assert torch.allclose(algo.anchor(bc, 0), x_other)
-    glob = msi(n, beta=beta, anchor_fallback="global")
-    assert torch.equal(glob.anchor(glob.broadcast(st, 1), 1), st["x"])
+    initial = msi(n, beta=beta, anchor_fallback="x0")
+    assert torch.equal(initial.anchor(initial.broadcast(st, 1), 1), x0())
 
 
 def test_orient_handles_zero_sum_rows():

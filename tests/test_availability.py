@@ -55,7 +55,8 @@ def _plans(s, rounds, now=None):
 # ----- determinism ------------------------------------------------------------------------------
 @pytest.mark.parametrize("kw", [{"model": "always"}, {"model": "bernoulli"},
                                 {"model": "diurnal", "interval_s": 3600.0},
-                                {"model": "always", "dropout": 0.3, "overcommit": 1.5}])
+                                {"model": "always", "dropout": 0.3, "overcommit": 1.5,
+                                 "deadline_policy": "partial"}])
 def test_same_seed_same_participants(kw):
     h = FakeHandle(300)
     a, b, c = (_plans(sampler(h, seed=s, **kw), 8) for s in (1, 1, 2))

@@ -15,8 +15,9 @@ Local step, with an anchor u_i fixed for the round:
     y ← y − η_l g(β y + (1 − β) u_i)          (β = 1 is FedAvg)
     u_i = Σ_{j∈S_{t−1}} A_ij y_j / Σ_{j∈S_{t−1}} A_ij
 over the previous round's participants and their final local models (kept by the server);
-u_i = x_0 in round 0, and when none of i's neighbours took part in round t − 1
-(``anchor_fallback: x0``, the paper's initial anchor; ``global`` uses the round's x_t instead).
+u_i = x_0 in round 0. When none of i's neighbours took part in round t − 1 (common with a kNN
+graph at low participation) the anchor is the round's x_t (``anchor_fallback: global``, the
+default; ``x0`` keeps pulling such clients toward the initial model).
 With full participation and a dense graph this is the paper's rule exactly.
 
 Broadcast: the runtime sends one dict to every client and does not tell :meth:`broadcast` who is
@@ -55,7 +56,7 @@ class FedMSIParams(ServerParams):
         2000, doc="dense N×N similarity graph up to this many clients, kNN graph above", lo=0)
     knn: int = schema.field(20, doc="neighbours per client in the sparse (kNN) graph", lo=1)
     anchor_fallback: Literal["x0", "global"] = schema.field(
-        "x0", doc="anchor when no neighbour took part last round: x0 (initial model) or "
+        "global", doc="anchor when no neighbour took part last round: x0 (initial model) or "
                   "global (the round's x_t)")
 
 
@@ -108,8 +109,8 @@ def dense_graph(m: torch.Tensor) -> torch.Tensor:
 def knn_graph(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse adjacency as CSR (crow, col, val): each client's k largest A_ij, union-symmetrised.
 
-    Similarities are computed ``_BLOCK_ELEMS / N`` rows at a time; a pair's value is computed once
-    from its two rows, so the graph is exactly symmetric.
+    Neighbours are searched in float32, ``_BLOCK_ELEMS / N`` rows at a time; a kept pair's value
+    is then computed once, in float64, from its two rows, so the graph is exactly symmetric.
     """
     n = m.shape[0]
     k = min(k, n - 1)
@@ -117,17 +118,18 @@ def knn_graph(m: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torc
         return torch.zeros(n + 1, dtype=torch.long), torch.zeros(0, dtype=torch.long), \
             torch.zeros(0, dtype=torch.float64)
     block = max(1, _BLOCK_ELEMS // n)
+    m32t = m.to(torch.float32).T.contiguous()
     src, dst = [], []
     for lo in range(0, n, block):
         hi = min(n, lo + block)
-        sim = m[lo:hi] @ m.T
+        sim = m32t[:, lo:hi].T @ m32t
         sim[torch.arange(hi - lo), torch.arange(lo, hi)] = -float("inf")  # no self-loops
         nbr = torch.topk(sim, k, dim=1).indices  # most similar = largest A_ij
         src.append(torch.arange(lo, hi).repeat_interleave(k))
         dst.append(nbr.reshape(-1))
     i, j = torch.cat(src), torch.cat(dst)
-    pairs = torch.unique(torch.stack([torch.minimum(i, j), torch.maximum(i, j)]), dim=1)
-    a, b = pairs
+    key = torch.unique(torch.minimum(i, j) * n + torch.maximum(i, j))  # each pair once
+    a, b = key // n, key % n
     val = affinity((m[a] * m[b]).sum(dim=1))
     rows, cols, vals = torch.cat([a, b]), torch.cat([b, a]), torch.cat([val, val])
     order = torch.argsort(rows * n + cols)

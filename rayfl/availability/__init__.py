@@ -35,4 +35,4 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
     return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes)
 
 
-__all__ = ["RoundPlan", "AvailabilityConfig", "Sampler", "make_sampler"]
+__all__ = ["AvailabilityConfig", "RoundPlan", "Sampler", "make_sampler"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,7 +14,8 @@ class RoundPlan:
 
     ``clients`` are dispatched (sorted ascending). ``step_budget[i]`` caps client
     ``clients[i]``'s local steps (a straggler cut by the deadline that keeps its partial work);
-    ``None`` means every client runs its full K_i. ``dropped`` were sampled but return nothing.
+    ``None`` means every client runs its full K_i. ``dropped`` were sampled but return nothing
+    (failed mid-round, cut by the deadline, or the over-committed surplus that finished late).
     """
 
     clients: np.ndarray
@@ -31,3 +33,7 @@ PROPENSITY = 0xBE7A  # per-client online probabilities (bernoulli)
 ZONE = 0x2011E  # time-zone assignment (diurnal)
 LABEL_RANK = 0x1ABE  # order of labels when availability follows data
 DEVICE = 0xDE71  # compute speed and bandwidth per client
+
+# What reading a malformed trace or capacity file (pickle, CSV, Parquet) can raise.
+READ_ERRORS = (OSError, EOFError, ImportError, pickle.UnpicklingError, KeyError, IndexError,
+               TypeError, ValueError, AttributeError, NotImplementedError)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from rayfl.schema import ConfigError, field
 
@@ -34,7 +34,7 @@ class AvailabilityConfig:
     amplitude: float = field(0.8, doc="diurnal: relative swing of the daily curve: p(h) = mean"
                                       "·(1 + amplitude·cos(2π(h − peak_hour)/24))",
                              lo=0.0, hi=1.0)
-    trace_path: Optional[str] = field(
+    trace_path: str | None = field(
         None, doc="trace: FedScale client_behave_trace pickle (.pkl/.pickle) or a table "
                   "(.csv/.parquet) with columns client_id, online_start, online_end (seconds); "
                   "replay loops when the run outlasts the trace")
@@ -43,7 +43,7 @@ class AvailabilityConfig:
                            lo=0.0, hi=1.0, hi_open=True)
     overcommit: float = field(1.0, doc="sample ceil(clients_per_round × overcommit) and keep "
                                        "the first clients_per_round to finish (FedScale)", lo=1.0)
-    deadline_s: Optional[float] = field(None, doc="virtual round deadline in seconds (null: "
+    deadline_s: float | None = field(None, doc="virtual round deadline in seconds (null: "
                                                   "wait for every kept client)",
                                         lo=0.0, lo_open=True)
     deadline_policy: Literal["drop", "partial"] = field(
@@ -58,7 +58,7 @@ class AvailabilityConfig:
     bandwidth_mean: float = field(5.0, doc="mean client bandwidth in Mbit/s, up and down "
                                            "(log-normal over clients)", lo=0.0, lo_open=True)
     bandwidth_sigma: float = field(0.5, doc="log-normal σ of per-client bandwidth", lo=0.0)
-    capacity_path: Optional[str] = field(
+    capacity_path: str | None = field(
         None, doc="FedScale client_device_capacity pickle {id: {computation: ms per sample "
                   "(inference; training costs 3×, as FedScale), communication: kbps}}; "
                   "replaces speed_* and bandwidth_*")

@@ -12,7 +12,7 @@ import pickle
 
 import numpy as np
 
-from rayfl.availability.base import DEVICE
+from rayfl.availability.base import DEVICE, READ_ERRORS
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.schema import ConfigError
 
@@ -55,7 +55,7 @@ def _read_capacity(path: str) -> tuple[np.ndarray, np.ndarray]:
         ids = sorted(raw)
         comp = np.array([float(raw[k]["computation"]) for k in ids])
         comm = np.array([float(raw[k]["communication"]) for k in ids])
-    except Exception as e:
+    except READ_ERRORS as e:
         raise ConfigError(KEY, path, f"{FORMAT} ({type(e).__name__}: {e})") from None
     if not ids or (comp <= 0).any() or (comm <= 0).any():
         raise ConfigError(KEY, path, FORMAT)

@@ -7,6 +7,7 @@ import numpy as np
 from rayfl.availability.base import LABEL_RANK
 
 CHUNK = 1 << 16  # clients per bincount block: bounds the (clients × classes) scratch array
+ROWS = 1 << 22  # label rows per bincount block: bounds the int64 copy bincount makes
 
 
 class LabelStats:
@@ -16,7 +17,8 @@ class LabelStats:
         reader = handle.open()
         self.y, self.offsets = reader.y, np.asarray(reader.offsets, dtype=np.int64)
         self.num_classes = handle.num_classes
-        counts = np.bincount(self.y, minlength=self.num_classes).astype(np.float64)
+        counts = sum((np.bincount(self.y[i:i + ROWS], minlength=self.num_classes)
+                      for i in range(0, len(self.y), ROWS)), np.zeros(self.num_classes))
         self.population = counts / max(counts.sum(), 1.0)
 
     def dominant(self) -> np.ndarray:

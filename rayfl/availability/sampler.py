@@ -52,21 +52,15 @@ class Sampler:
         kept, steps, comm, step_s, finish = (a[first] for a in (alive, steps, comm, step_s,
                                                                  finish))
         budget = steps.copy()
-        late = finish > cfg.deadline_s if cfg.deadline_s is not None else np.zeros(len(kept),
-                                                                                     bool)
-        if cfg.deadline_policy == "partial":
-            budget[late] = np.floor((cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
-        else:
-            budget[late] = 0
-        done = budget > 0
-        order = np.argsort(kept[done])
-        clients, budget = kept[done][order], budget[done][order]
-        partial = bool((budget < steps[done][order]).any())
+        late = np.zeros(len(kept), bool) if cfg.deadline_s is None else finish > cfg.deadline_s
+        if late.any():  # partial: the steps that fit before the deadline, after the transfers
+            budget[late] = 0 if cfg.deadline_policy == "drop" else np.floor(
+                (cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
+        done = np.flatnonzero(budget > 0)
+        done = done[np.argsort(kept[done])]  # dispatched in ascending client order
+        clients, budget, partial = kept[done], budget[done], (budget[done] < steps[done]).any()
 
-        if late.any():
-            duration = cfg.deadline_s
-        else:
-            duration = float(finish.max()) if len(finish) else 0.0
+        duration = cfg.deadline_s if late.any() else float(finish.max(initial=0.0))
         duration += cfg.interval_s
         self.clock = start + duration
         metrics = {"online": n_online, "sampled": m, "completed": len(clients),

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from rayfl.availability.base import READ_ERRORS
 from rayfl.schema import ConfigError
 
 KEY = "availability.trace_path"
@@ -25,19 +26,22 @@ TABLE_FORMAT = ("a table with columns client_id, online_start, online_end (secon
 
 
 class Trace:
-    """Online intervals ``[start[j], end[j]]`` of trace client ``owner[j]``, period per client."""
+    """Online intervals ``[start[j], end[j]]`` of trace client ``owner[j]``; ``period`` is one
+    number (a table) or one per trace client (FedScale)."""
 
     def __init__(self, path: str, n: int):
         if path.lower().endswith((".pkl", ".pickle")):
-            self.start, self.end, self.owner, self.period = _read_pickle(path)
+            self.start, self.end, self.owner, self.period, self.clients = _read_pickle(path)
         else:
-            self.start, self.end, self.owner, self.period = _read_table(path)
+            self.start, self.end, self.owner, self.period, self.clients = _read_table(path)
         self.n = n
 
     def online(self, t: int, now: float) -> np.ndarray:
-        x = (now % self.period)[self.owner]
+        x = now % self.period
+        if np.ndim(x):
+            x = x[self.owner]
         hit = (self.start <= x) & (x <= self.end)
-        on = np.zeros(self.period.size, dtype=bool)
+        on = np.zeros(self.clients, dtype=bool)
         on[self.owner[hit]] = True
         return np.resize(on, self.n)
 
@@ -50,14 +54,14 @@ def _read_pickle(path: str):
         active = [np.asarray(raw[k]["active"], dtype=np.float64).ravel() for k in ids]
         inactive = [np.asarray(raw[k]["inactive"], dtype=np.float64).ravel() for k in ids]
         period = np.array([float(raw[k]["finish_time"]) for k in ids])
-    except Exception as e:  # unreadable or not the documented shape: say which file and why
+    except READ_ERRORS as e:  # unreadable or not the documented shape: say which and why
         raise ConfigError(KEY, path, f"{PICKLE_FORMAT} ({type(e).__name__}: {e})") from None
     lens = np.array([len(a) for a in active])
     if not ids or any(len(a) != len(b) for a, b in zip(active, inactive)) or (period <= 0).any():
         raise ConfigError(KEY, path, PICKLE_FORMAT + " with as many 'inactive' as 'active' "
                           "entries per client")
-    owner = np.repeat(np.arange(len(ids)), lens)
-    return np.concatenate(active), np.concatenate(inactive), owner, period
+    owner = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
+    return np.concatenate(active), np.concatenate(inactive), owner, period, len(ids)
 
 
 def _read_table(path: str):
@@ -67,9 +71,9 @@ def _read_table(path: str):
         ids = table.column("client_id").to_numpy()
         start = table.column("online_start").to_numpy().astype(np.float64)
         end = table.column("online_end").to_numpy().astype(np.float64)
-    except Exception as e:
+    except READ_ERRORS as e:
         raise ConfigError(KEY, path, f"{TABLE_FORMAT} ({type(e).__name__}: {e})") from None
     if len(ids) == 0 or (end < start).any() or end.max() <= 0:
         raise ConfigError(KEY, path, TABLE_FORMAT)
     uniq, owner = np.unique(ids, return_inverse=True)
-    return start, end, owner, np.full(len(uniq), end.max())
+    return start, end, owner.astype(np.int32), float(end.max()), len(uniq)

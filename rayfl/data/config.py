@@ -33,8 +33,8 @@ class DataConfig:
                          lo=0.0, lo_open=True)
     min_samples: int = field(10, doc="dirichlet: redraw until every client has this many", lo=1)
     sizes: Literal["equal", "lognormal"] = field(
-        "equal", doc="iid/label_dirichlet client sizes: equal (±1), or log-normal around n/N "
-                     "with σ = data.sigma (AdaBest unbalanced)")
+        "equal", doc="client sizes for iid, label_dirichlet and synthetic_fedprox: equal (±1), "
+                     "or log-normal around the mean with σ = data.sigma (AdaBest unbalanced)")
     sigma: float = field(0.3, doc="σ of log-normal client sizes (sizes=lognormal)", lo=0.0)
     shards_per_client: int = field(2, doc="shards: #C label-sorted shards per client", lo=1)
     validation_clients: int = field(0, doc="the last K clients hold validation data only: never "
@@ -67,10 +67,12 @@ class DataConfig:
             raise ConfigError(f"{prefix}.partition", self.partition,
                               f"a dataset with writers/users ({', '.join(NATURAL)}), not "
                               f"data.dataset = {self.dataset!r}; or another partition")
-        if self.sizes != "equal" and self.partition not in ("iid", "label_dirichlet"):
+        if self.sizes != "equal" and self.partition not in ("iid", "label_dirichlet") and \
+                self.dataset != "synthetic_fedprox":
             raise ConfigError(f"{prefix}.sizes", self.sizes,
-                              "'equal' unless data.partition is iid or label_dirichlet (the "
-                              f"{self.partition} partition decides its own sizes)")
+                              "'equal' unless data.partition is iid or label_dirichlet, or "
+                              f"data.dataset is synthetic_fedprox (the {self.partition} "
+                              "partition decides its own sizes)")
         if self.validation_clients >= self.num_clients:
             raise ConfigError(f"{prefix}.validation_clients", self.validation_clients,
                               f"fewer than data.num_clients = {self.num_clients}")

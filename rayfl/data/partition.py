@@ -63,9 +63,10 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
         if counts.min() >= min_samples:
             break
     else:
-        raise ValueError(f"Dirichlet(α={alpha}) could not give all {num_clients} clients "
-                         f"{min_samples} samples in {max_tries} draws; lower data.min_samples "
-                         "or data.num_clients, or raise data.alpha")
+        raise ConfigError("data.min_samples", min_samples,
+                          f"a minimum that Dirichlet(α={alpha}) over {num_clients} clients can "
+                          f"meet within {max_tries} draws; lower it or data.num_clients, or "
+                          "raise data.alpha")
     order = np.argsort(owner, kind="stable")
     offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
     return order, offsets

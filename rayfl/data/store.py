@@ -3,65 +3,53 @@
 ``prepare`` loads a dataset, partitions it and writes, once per (dataset, partition, seed):
 
 - ``train.arrow``: one record batch, rows grouped by client (``x`` a fixed-size list, ``y``);
+  training clients first, then the ``data.validation_clients`` validation clients;
 - ``offsets.npy``: client ``i`` owns rows ``offsets[i]:offsets[i+1]``;
-- ``test.arrow`` and ``meta.json``.
+- ``test.arrow`` and ``meta.json`` (shapes, counts, and a fingerprint of the files' bytes).
 
-A :class:`DataHandle` (small and picklable) names that directory; :meth:`DataHandle.open` in an
-actor memory-maps the files so that reading a client's rows is a zero-copy slice and only the
-pages of clients that train are ever touched.
+A :class:`DataHandle` (small and picklable) names that directory and carries the config and
+seed that made it. :meth:`DataHandle.open` memory-maps the files so that reading a client's rows
+is a zero-copy slice and only the pages of clients that train are touched. A process that cannot
+see the directory (a node without the driver's filesystem) re-derives the same bytes into its own
+cache — ``prepare`` is deterministic — and checks them against the fingerprint.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from rayfl.data import datasets
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
-from rayfl.data.datasets import Arrays
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FILES = ("train.arrow", "test.arrow", "offsets.npy")
 
 
 def default_cache_dir() -> str:
-    """``$RAYFL_CACHE`` or ``~/.cache/rayfl``."""
+    """``$RAYFL_CACHE`` or ``~/.cache/rayfl`` (of the process that asks)."""
     return os.environ.get("RAYFL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache",
                                                          "rayfl")
 
 
-def load_arrays(cfg: DataConfig, seed: int) -> Arrays:
-    """The central dataset named by ``cfg.dataset``."""
-    if cfg.dataset == "fmnist":
-        from rayfl.data.datasets import fmnist
-
-        return fmnist.load(cfg.root)
-    from rayfl.data.datasets import synthetic
-
-    return synthetic.load(cfg.features, cfg.classes, cfg.num_clients * cfg.samples_per_client,
-                          cfg.test_samples, seed)
-
-
 def partition_key(cfg: DataConfig, seed: int) -> str:
-    """Cache key: every setting that changes the partition's bytes."""
-    fields = {k: v for k, v in vars(cfg).items() if k != "cache_dir"}
-    blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, **fields}, sort_keys=True)
+    """Cache key: every setting that changes the store's bytes."""
+    fields = {k: v for k, v in vars(cfg).items() if k not in ("cache_dir", "regime", "partition")}
+    blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
+                       **fields}, sort_keys=True)
     return f"{cfg.dataset}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
-
-
-def split(cfg: DataConfig, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(order, offsets) for the configured partitioner."""
-    rng = np.random.default_rng([seed, 0xDA7A])
-    if cfg.partition == "iid":
-        return part.iid(len(labels), cfg.num_clients, rng)
-    return part.dirichlet(labels, cfg.num_clients, cfg.alpha, rng, cfg.min_samples)
 
 
 def _table(x: np.ndarray, y: np.ndarray) -> pa.Table:
@@ -75,82 +63,173 @@ def _write_arrow(path: str, table: pa.Table) -> None:
         w.write_table(table, max_chunksize=max(table.num_rows, 1))
 
 
-def prepare(cfg: DataConfig, seed: int) -> "DataHandle":
-    """Build (or reuse) the partition store for ``cfg`` and return its handle."""
-    root = cfg.cache_dir or default_cache_dir()
-    path = os.path.join(root, partition_key(cfg, seed))
+def _fingerprint(path: str) -> str:
+    h = hashlib.sha256()
+    for name in FILES:
+        with open(os.path.join(path, name), "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())
+    return h.hexdigest()
+
+
+def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
+    arrays = datasets.load(cfg, seed)
+    order, offsets = part.split(cfg, arrays, seed)
+    if len(order) == len(arrays.y_train) and np.array_equal(order, np.arange(len(order))):
+        x, y = arrays.x_train, arrays.y_train  # already client-ordered: no copy
+    else:
+        x, y = arrays.x_train[order], arrays.y_train[order]
+    del arrays.x_train
+    _write_arrow(os.path.join(tmp, "train.arrow"), _table(x, y))
+    del x
+    _write_arrow(os.path.join(tmp, "test.arrow"), _table(arrays.x_test, arrays.y_test))
+    np.save(os.path.join(tmp, "offsets.npy"), offsets)
+    meta = {"input_shape": list(arrays.input_shape), "num_classes": arrays.num_classes,
+            "scale": arrays.scale, "num_clients": cfg.num_clients - cfg.validation_clients,
+            "num_validation_clients": cfg.validation_clients, "kind": arrays.kind,
+            "vocab": list(arrays.vocab), "eval_group": arrays.eval_group,
+            "fingerprint": _fingerprint(tmp)}
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f)
+
+
+def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHandle":
+    """Build (or reuse) the partition store for ``cfg`` under ``root`` (default: ``cfg.cache_dir``
+    or :func:`default_cache_dir`) and return its handle. Processes preparing the same store
+    take turns on a lock file, so a node builds it once."""
+    root = root or cfg.cache_dir or default_cache_dir()
+    key = partition_key(cfg, seed)
+    path = os.path.join(root, key)
     if not os.path.isfile(os.path.join(path, "meta.json")):
-        arrays = load_arrays(cfg, seed)
-        order, offsets = split(cfg, arrays.y_train, seed)
         os.makedirs(root, exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
-        _write_arrow(os.path.join(tmp, "train.arrow"),
-                     _table(arrays.x_train[order], arrays.y_train[order]))
-        _write_arrow(os.path.join(tmp, "test.arrow"), _table(arrays.x_test, arrays.y_test))
-        np.save(os.path.join(tmp, "offsets.npy"), offsets)
-        meta = {"input_shape": list(arrays.input_shape), "num_classes": arrays.num_classes,
-                "scale": arrays.scale, "num_clients": cfg.num_clients}
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f)
-        try:
-            os.rename(tmp, path)
-        except OSError:  # another process won the race: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-    return DataHandle.at(path)
+        with open(os.path.join(root, f".{key}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not os.path.isfile(os.path.join(path, "meta.json")):
+                tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
+                try:
+                    _build(cfg, seed, tmp)
+                    os.rename(tmp, path)
+                except OSError:
+                    if not os.path.isfile(os.path.join(path, "meta.json")):
+                        raise  # not a lost race (a lock-less filesystem): a real error
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+    return dataclasses.replace(DataHandle.at(path), cfg=cfg, seed=seed)
+
+
+_LOCAL: dict[tuple[str, str], "DataHandle"] = {}  # this process's resolved stores
 
 
 @dataclass(frozen=True)
 class DataHandle:
-    """Names a prepared partition; cheap to send to every actor."""
+    """Names a prepared partition; cheap to send to every actor.
+
+    ``num_clients`` counts the clients that train (ids ``0..num_clients-1``, the ones to sample);
+    the ``num_validation_clients`` after them hold validation data only.
+    """
 
     path: str
     input_shape: tuple[int, ...]
     num_classes: int
     scale: float
     num_clients: int
+    num_validation_clients: int = 0
+    kind: str = "dense"  # "ids": integer columns the model embeds (MovieLens)
+    vocab: tuple[int, ...] = ()
+    eval_group: int = 0  # >0: the test set ranks consecutive groups of this many rows
+    fingerprint: str = ""
+    cfg: Optional[DataConfig] = None  # with seed: how to re-derive the store elsewhere
+    seed: int = 0
 
     @classmethod
     def at(cls, path: str) -> "DataHandle":
         with open(os.path.join(path, "meta.json")) as f:
             m = json.load(f)
-        return cls(path, tuple(m["input_shape"]), m["num_classes"], m["scale"], m["num_clients"])
+        return cls(path, tuple(m["input_shape"]), m["num_classes"], m["scale"], m["num_clients"],
+                   m["num_validation_clients"], m["kind"], tuple(m["vocab"]), m["eval_group"],
+                   m["fingerprint"])
+
+    @property
+    def num_train_clients(self) -> int:
+        """Clients that may be sampled for training (= ``num_clients``)."""
+        return self.num_clients
+
+    def local(self) -> "DataHandle":
+        """This handle's store as this process sees it: its path when readable, else the same
+        partition re-derived into this node's cache (checked against the fingerprint)."""
+        if self.cfg is None or os.path.isfile(os.path.join(self.path, "meta.json")):
+            return self
+        key = (self.path, self.fingerprint)
+        if key not in _LOCAL:
+            here = prepare(self.cfg, self.seed, root=default_cache_dir())
+            if here.fingerprint != self.fingerprint:
+                raise RuntimeError(
+                    f"the partition re-derived at {here.path} differs from the driver's "
+                    f"{self.path} (fingerprint {here.fingerprint[:12]} vs "
+                    f"{self.fingerprint[:12]}): give every node the same dataset files and "
+                    "library versions, or a shared data.cache_dir")
+            _LOCAL[key] = dataclasses.replace(here, cfg=self.cfg, seed=self.seed)
+        return _LOCAL[key]
 
     def sizes(self) -> np.ndarray:
-        """n_i for every client (int64 array of length N)."""
-        return np.diff(np.load(os.path.join(self.path, "offsets.npy")))
+        """n_i for every training client (int64 array of length ``num_clients``)."""
+        offsets = np.load(os.path.join(self.local().path, "offsets.npy"))
+        return np.diff(offsets[:self.num_clients + 1])
 
     def open(self) -> "DataReader":
         """Memory-map the store (call inside the process that reads it)."""
-        return DataReader(self)
+        return DataReader(self.local())
 
 
 def _mapped(path: str) -> tuple[np.ndarray, np.ndarray]:
     table = pa.ipc.open_file(pa.memory_map(path, "r")).read_all()
-    xcol, ycol = table.column("x").combine_chunks(), table.column("y").combine_chunks()
-    width = xcol.type.list_size
-    x = xcol.values.to_numpy(zero_copy_only=True).reshape(-1, width)
+
+    def one(name):
+        col = table.column(name)
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+    xcol, ycol = one("x"), one("y")
+    x = xcol.values.to_numpy(zero_copy_only=True).reshape(-1, xcol.type.list_size)
     return x, ycol.to_numpy(zero_copy_only=True)
 
 
 class DataReader:
-    """Zero-copy access to one client's rows, and to the test set."""
+    """Zero-copy access to one client's rows, the validation clients' rows and the test set.
+
+    ``x``, ``y`` and ``offsets`` cover the training clients only.
+    """
 
     def __init__(self, handle: DataHandle):
         self.handle = handle
-        self.offsets = np.load(os.path.join(handle.path, "offsets.npy"), mmap_mode="r")
-        self.x, self.y = _mapped(os.path.join(handle.path, "train.arrow"))
+        offsets = np.load(os.path.join(handle.path, "offsets.npy"), mmap_mode="r")
+        x, y = _mapped(os.path.join(handle.path, "train.arrow"))
+        end = int(offsets[handle.num_clients])
+        self.offsets = offsets[:handle.num_clients + 1]
+        self.x, self.y = x[:end], y[:end]
+        self._validation = x[end:], y[end:]
 
     def client(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Client ``i``'s raw inputs and labels (views into the mapped file)."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.x[lo:hi], self.y[lo:hi]
 
+    def rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Training rows by index (a copy; used for per-round re-splits, see ``regime``)."""
+        return self.x[idx], self.y[idx]
+
+    def validation(self) -> tuple[np.ndarray, np.ndarray]:
+        """The validation clients' rows, pooled (views; empty without validation clients)."""
+        return self._validation
+
     def test(self) -> tuple[np.ndarray, np.ndarray]:
         """The held-out test set (raw inputs, labels)."""
         return _mapped(os.path.join(self.handle.path, "test.arrow"))
 
     def tensors(self, x: np.ndarray, y: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Model-ready float32 inputs (scaled, reshaped) and int64 labels on ``device``."""
-        xt = torch.from_numpy(np.array(x, dtype=np.float32)) * self.handle.scale
+        """Model-ready inputs on ``device`` — float32 scaled and reshaped, or int64 ids for
+        ``kind == "ids"`` — and int64 labels."""
+        if self.handle.kind == "ids":
+            xt = torch.from_numpy(np.array(x, dtype=np.int64))
+        else:
+            xt = torch.from_numpy(np.array(x, dtype=np.float32)) * self.handle.scale
         xt = xt.reshape(len(x), *self.handle.input_shape).to(device)
         return xt, torch.from_numpy(np.array(y, dtype=np.int64)).to(device)

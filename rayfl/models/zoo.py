@@ -22,15 +22,59 @@ def mlp(input_shape, num_classes, hidden=(100, 100)) -> nn.Module:
     return nn.Sequential(*layers)
 
 
-def fmnist_cnn(input_shape, num_classes) -> nn.Module:
-    """The IMA paper's FMNIST CNN (Table IV): conv5-32, pool, conv5-32, pool, FC 512-384-128-C."""
-    c, h, w = input_shape
+def _two_conv(input_shape, num_classes, channels: int, fc: tuple[int, int]) -> nn.Module:
+    """conv5-k, pool, conv5-k, pool, FC fc[0], FC fc[1], FC C — ReLU after every hidden layer."""
+    c, h, _ = input_shape
     side = ((h - 4) // 2 - 4) // 2
     return nn.Sequential(
-        nn.Conv2d(c, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(32, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(c, channels, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(channels, channels, 5), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(32 * side * side, 384), nn.ReLU(),
-        nn.Linear(384, 128),
-        nn.Linear(128, num_classes),
+        nn.Linear(channels * side * side, fc[0]), nn.ReLU(),
+        nn.Linear(fc[0], fc[1]), nn.ReLU(),
+        nn.Linear(fc[1], num_classes),
     )
+
+
+def fmnist_cnn(input_shape, num_classes) -> nn.Module:
+    """The IMA paper's FMNIST CNN (Table IV; ReLU after FC 128 as in the authors' code):
+    conv5-32, pool, conv5-32, pool, FC 512-384-128-C."""
+    return _two_conv(input_shape, num_classes, 32, (384, 128))
+
+
+def cifar_cnn(input_shape, num_classes) -> nn.Module:
+    """The IMA paper's CIFAR CNN (Table IV): conv5-64, pool, conv5-64, pool, FC 1600-384-128-C."""
+    return _two_conv(input_shape, num_classes, 64, (384, 128))
+
+
+def adabest_cnn(input_shape, num_classes) -> nn.Module:
+    """AdaBest's (= FedDyn's) CIFAR CNN: conv5-64, pool, conv5-64, pool, FC 1600-384-192-C."""
+    return _two_conv(input_shape, num_classes, 64, (384, 192))
+
+
+def lenet5(input_shape, num_classes) -> nn.Module:
+    """LeNet-5 (LeCun et al. 1998) with ReLU and max-pooling: conv5-6, pool, conv5-16, pool,
+    FC 120-84-C (FEMNIST in FedEve). Inputs smaller than LeNet's 32×32 are zero-padded to it."""
+    c, h, _ = input_shape
+    pad = max(0, (32 - h) // 2)
+    side = ((h + 2 * pad - 4) // 2 - 4) // 2
+    return nn.Sequential(
+        nn.Conv2d(c, 6, 5, padding=pad), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * side * side, 120), nn.ReLU(),
+        nn.Linear(120, 84), nn.ReLU(),
+        nn.Linear(84, num_classes),
+    )
+
+
+def resnet18_gn(input_shape, num_classes, groups: int = 2) -> nn.Module:
+    """torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(``groups``) (IMA: two
+    groups; FedEve, FedMIM); the first conv takes the input's channels."""
+    from torchvision.models import resnet18
+
+    net = resnet18(weights=None, num_classes=num_classes,
+                   norm_layer=lambda ch: nn.GroupNorm(groups, ch))
+    if input_shape[0] != 3:
+        net.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
+    return net

@@ -74,8 +74,12 @@ class ClientWorker:
 
         return grad_fn
 
-    def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups) -> dict:
-        """Train every client of every group; returns {"sums": [(group, PartialSum)], ...}."""
+    def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups,
+              keep_dir: str | None = None) -> dict:
+        """Train every client of every group; returns {"sums": [(group, PartialSum)], ...}.
+
+        With ``keep_dir``, each client's final local model is also saved there for analysis.
+        """
         start = time.perf_counter()
         bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
         keep_models = self.algorithm.needs_client_models
@@ -91,6 +95,9 @@ class ClientWorker:
                 out = run_client(self.algorithm, bc_t, cstate, self._grad_fn(x, y), len(raw_y),
                                  self.spec, lr, t, weight, client_rng(self.seed, t, client),
                                  budget, client_id=client)
+                if keep_dir is not None:
+                    np.save(os.path.join(keep_dir, f"client-{client}.npy"),
+                            out.y.detach().cpu().numpy())
                 if out.result.state is not None:
                     self.store.save(client, t, out.result.state)
                     written.append(client)

@@ -31,6 +31,10 @@ from rayfl.runtime.local import spec_from_config
 from rayfl.runtime.state_store import delete_versions
 
 
+PROGRESS_KEYS = ("train_loss", "test_accuracy", "test_loss", "val_accuracy", "val_loss",
+                 "round_s")
+
+
 def balance(loads: np.ndarray, bins: int) -> list[list[int]]:
     """Greedy LPT: item indices into ``bins`` bins, heaviest first; ties by lowest index."""
     out: list[list[int]] = [[] for _ in range(bins)]
@@ -64,6 +68,7 @@ class Server:
         self.log = MetricsLog(run_dir, cfg)
         self.progress_rows: list[dict] = []
         self.pending_delete: list[tuple[int, int]] = []
+        self.stop_requested = False
         if resume:
             self._restore(checkpoint.load(run_dir))
         else:
@@ -101,27 +106,38 @@ class Server:
         """Headline numbers of every round after the first ``since`` (polled by the user)."""
         return self.progress_rows[since:]
 
-    def run(self) -> dict:
-        """Run every remaining round; returns the summary."""
+    def request_stop(self) -> None:
+        """Pause after the current round (checkpointed; ``rayfl resume`` continues)."""
+        self.stop_requested = True
+
+    def run(self, max_rounds: int | None = None) -> dict:
+        """Run the remaining rounds (at most ``max_rounds`` now); returns the summary.
+
+        A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
+        """
         start = time.perf_counter()
         cfg = self.cfg
-        for t in range(self.next_round, cfg.rounds):
+        end = cfg.rounds if max_rounds is None else min(cfg.rounds, self.next_round + max_rounds)
+        for t in range(self.next_round, end):
             row = self.round(t)
             last = t == cfg.rounds - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
             self.log.append(row)
-            if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last:
+            pause = self.stop_requested or t == end - 1
+            if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
             self.log.flush()
             self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
-                k: row[k] for k in ("train_loss", "test_accuracy", "round_s") if k in row}})
+                k: v for k, v in row.items() if k in PROGRESS_KEYS}})
             if not np.isfinite(row.get("train_loss", 0.0)) or not torch.isfinite(
                     self.algorithm.deployed(self.state)).all():
                 return self.log.finish(self._final_model(), diverged_at=t)
+            if pause and not last:
+                return {"paused_after_round": t}
         return self.log.finish(self._final_model())
 
     def round(self, t: int) -> dict:
@@ -139,6 +155,9 @@ class Server:
         per_actor = balance(group_load, len(self.actors))
         plan_s = time.perf_counter() - tick
 
+        keep_dir = self._keep_dir(t)
+        if keep_dir is not None:
+            np.save(os.path.join(keep_dir, "start.npy"), bc["x"])
         tick = time.perf_counter()
         bc_ref = ray.put(bc)
         calls = []
@@ -148,7 +167,7 @@ class Server:
             work = [(g, [(int(clients[i]), float(weights[i]), int(self.versions[clients[i]]),
                           None if budgets is None else int(budgets[i])) for i in groups[g]])
                     for g in sorted(gids)]
-            calls.append(actor.train.remote(t, bc_ref, lr, work))
+            calls.append(actor.train.remote(t, bc_ref, lr, work, keep_dir))
         results = ray.get(calls)
         train_s = time.perf_counter() - tick
 
@@ -172,6 +191,8 @@ class Server:
         drift = drift_metrics(agg, self.prev_delta)
         self.prev_delta = agg.delta_mean if agg.count else self.prev_delta
         self.virtual_time += plan.duration
+        if keep_dir is not None:
+            self._keep_global(keep_dir)
         agg_s = time.perf_counter() - tick
         return {
             "round": t, "lr": lr, "sampled": len(clients) + len(plan.dropped),
@@ -185,6 +206,21 @@ class Server:
             "server_peak_rss_mb": peak_rss_mb(),
             "round_s": plan_s + train_s + agg_s,
         }
+
+    def _keep_dir(self, t: int) -> str | None:
+        keep = self.cfg.keep
+        if t not in keep.rounds and t < self.cfg.rounds - keep.last:
+            return None
+        path = os.path.join(self.run_dir, "models", f"round-{t:05d}")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def _keep_global(self, path: str) -> None:
+        """The new deployed model (and the algorithm's extra models) after the round."""
+        models = {"global": self.algorithm.deployed(self.state),
+                  **self.algorithm.extra_models(self.state)}
+        for name, vec in models.items():
+            np.save(os.path.join(path, f"{name}.npy"), vec.detach().cpu().numpy())
 
     @torch.no_grad()
     def evaluate(self) -> dict:

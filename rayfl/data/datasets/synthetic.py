@@ -6,6 +6,8 @@ import numpy as np
 
 from rayfl.data.datasets import Arrays
 
+CHUNK = 1 << 18  # rows drawn at a time
+
 
 def load(cfg, seed: int) -> Arrays:
     """``data.classes`` Gaussian blobs in ``data.features`` dimensions with unit noise, with
@@ -18,8 +20,12 @@ def load(cfg, seed: int) -> Arrays:
     def draw(n: int, stream: int):
         r = np.random.default_rng([seed, stream])
         y = r.integers(0, classes, size=n)
-        x = means[y] + r.normal(0.0, 1.0, size=(n, features)).astype(np.float32)
-        return x.astype(np.float32), y.astype(np.int64)
+        x = np.empty((n, features), dtype=np.float32)
+        for lo in range(0, n, CHUNK):  # the same stream as one draw, at a fraction of the memory
+            hi = min(lo + CHUNK, n)
+            x[lo:hi] = means[y[lo:hi]] + r.normal(0.0, 1.0, size=(hi - lo, features)).astype(
+                np.float32)
+        return x, y.astype(np.int64)
 
     x_tr, y_tr = draw(train_samples, 1)
     x_te, y_te = draw(test_samples, 2)

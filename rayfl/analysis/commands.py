@@ -1,0 +1,200 @@
+"""``rayfl analyze interpolate | plane | decompose | drift | regimes``: arguments and outputs.
+
+Each command reads a run directory and writes PNG figures, Parquet tables and a JSON summary
+into ``<run_dir>/analysis/`` (or ``--out``), and prints the headline numbers. Heavy imports
+happen inside the commands, so building the ``rayfl`` parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from rayfl.analysis.drift import REGIMES
+from rayfl.analysis.presets import INTERPOLATIONS, PLANES
+
+
+def _eval_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", help="a run directory (made by `rayfl run`)")
+    p.add_argument("--data", default="test",
+                   help="evaluation rows: test (default) or clients:ID,ID,... (their training "
+                        "data)")
+    p.add_argument("--max-samples", type=int, help="evaluate on a seeded subset of this size")
+    p.add_argument("--batch-size", type=int, help="evaluation batch (default eval.batch_size)")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray (default: all)")
+    p.add_argument("--out", help="output directory (default <run_dir>/analysis)")
+
+
+def add_subcommands(p: argparse.ArgumentParser) -> None:
+    """The sub-commands of ``rayfl analyze``."""
+    sub = p.add_subparsers(dest="analysis", required=True)
+    i = sub.add_parser("interpolate", help="loss/error along β·w1 + (1−β)·w2 (seed 004 §5.1)")
+    _eval_args(i)
+    i.add_argument("--preset", choices=INTERPOLATIONS, default="auto",
+                   help="ima: final IMA model vs the plain average it replaced; rounds: the "
+                        "last two kept global models; auto: ima if kept, else rounds")
+    i.add_argument("--models", nargs=2, metavar=("W1", "W2"),
+                   help="instead of a preset: NAME@ROUND, final or a .npy path")
+    i.add_argument("--beta", nargs=2, type=float, default=[-0.5, 1.5], metavar=("LO", "HI"))
+    i.add_argument("--steps", type=int, default=41, help="β values (0 and 1 always added)")
+    pl = sub.add_parser("plane", help="loss/error on the plane through three models "
+                                      "(seed 004 §5.2)")
+    _eval_args(pl)
+    pl.add_argument("--preset", choices=PLANES, default="paper",
+                    help="clients: three client models of --round; globals: the last three "
+                         "kept global models; paper: clients at the first/middle/last kept "
+                         "round + globals")
+    pl.add_argument("--models", nargs=3, metavar=("W1", "W2", "W3"),
+                    help="instead of a preset: NAME@ROUND, final or a .npy path")
+    pl.add_argument("--mark", action="append", default=[],
+                    help="also evaluate this model and show its projection (repeatable)")
+    pl.add_argument("--round", type=int, help="clients preset: the kept round (default -1)")
+    pl.add_argument("--clients", help="clients preset: three client ids ID,ID,ID")
+    pl.add_argument("--grid", type=int, default=21, help="grid points per axis")
+    pl.add_argument("--margin", type=float, default=0.2, help="margin, fraction of the span")
+    d = sub.add_parser("decompose", help="seed 004's loss decomposition per kept round")
+    _eval_args(d)
+    d.add_argument("--rounds", help="kept rounds to analyse, comma-separated (default all)")
+    d.add_argument("--cohort-samples", type=int,
+                   help="a seeded subset of the cohort's training rows for the bias terms")
+    d.add_argument("--subsets", type=int, default=5,
+                   help="random subsets per model count for error vs #models")
+    dr = sub.add_parser("drift", help="client and period drift of a run over rounds")
+    dr.add_argument("run_dir")
+    dr.add_argument("--label-column", default="label_tv",
+                    help="metrics column with the sampled set's label distance")
+    dr.add_argument("--out")
+    r = sub.add_parser("regimes", help="seed 000's drift experiment: the four data regimes "
+                                       "with the same sampling sequence")
+    r.add_argument("config")
+    r.add_argument("overrides", nargs="*")
+    r.add_argument("--regimes", default=",".join(REGIMES),
+                   help=f"comma-separated subset of {','.join(REGIMES)}")
+    r.add_argument("--label-column", default="label_tv")
+    r.add_argument("--out", help="experiment directory (default <output_dir>/drift-<name>-<time>)")
+    r.add_argument("--quiet", action="store_true")
+
+
+def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -> None:
+    from rayfl.metrics.log import write_json, write_parquet
+
+    write_json(summary, os.path.join(out, f"{stem}.json"))
+    if rows:
+        write_parquet(rows, os.path.join(out, f"{stem}.parquet"))
+
+
+def _setup(args):
+    from rayfl.analysis.evaluate import ensure_ray, select_data
+    from rayfl.analysis.rundir import RunDir
+
+    run = RunDir(args.run_dir)
+    data = select_data(run.handle, args.data, args.max_samples, run.cfg.seed)
+    ensure_ray(run.cfg, args.num_cpus)
+    return run, data, args.batch_size or run.cfg.eval.batch_size, run.out_dir(args.out)
+
+
+def _interpolate(args) -> dict:
+    from rayfl.analysis import landscape, plots, presets
+
+    run, data, bs, out = _setup(args)
+    if args.models:
+        tag, (w1, w2) = "custom", [run.model(s) for s in args.models]
+    else:
+        tag, w1, w2 = presets.interpolation(run, args.preset)
+    line = landscape.interpolate(run.cfg, run.handle, w1, w2,
+                                 landscape.betas(*args.beta, args.steps), data, bs)
+    summary = line.summary()
+    _write(out, f"interp-{tag}", summary, line.rows())
+    plots.plot_line(line, os.path.join(out, f"interp-{tag}.png"))
+    return summary
+
+
+def _ids(text: str | None, key: str) -> list[int] | None:
+    from rayfl.schema import ConfigError
+
+    try:
+        return None if text is None else [int(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(key, text, "comma-separated integers") from None
+
+
+def _plane(args) -> dict:
+    from rayfl.analysis import landscape, plots, presets
+
+    run, data, bs, out = _setup(args)
+    marks = [run.model(s) for s in args.mark]
+    if args.models:
+        tag, specs = "custom", [("custom", [run.model(s) for s in args.models], [])]
+    else:
+        tag = args.preset
+        specs = presets.planes(run, args.preset, args.round, _ids(args.clients, "--clients"))
+    results = [landscape.plane(run.cfg, run.handle, name, models, [*own, *marks], data,
+                               args.grid, args.margin, bs) for name, models, own in specs]
+    for res in results:
+        _write(out, f"plane-{res.name}", res.summary(), res.rows())
+    plots.plot_planes(results, os.path.join(out, f"plane-{tag}.png"))
+    return {res.name: res.summary() for res in results}
+
+
+def _decompose(args) -> dict:
+    from rayfl.analysis import decomposition, plots
+
+    run, data, bs, out = _setup(args)
+    rounds = [run.round_of(t, "--rounds") for t in _ids(args.rounds, "--rounds") or []] \
+        or run.need_rounds(1, "`rayfl analyze decompose`")
+    rows, curves = [], []
+    for t in rounds:
+        row, curve = decomposition.decompose_round(run, t, data, args.cohort_samples,
+                                                   args.subsets, bs)
+        rows.append(row)
+        curves += curve
+    summary = {"estimators": decomposition.ESTIMATORS, "test_data": data.label, "rounds": rows}
+    _write(out, "decomposition", summary, rows)
+    _write(out, "decomposition-models", {"rows": curves}, curves)
+    plots.plot_decomposition(rows, curves, os.path.join(out, "decomposition.png"))
+    return summary
+
+
+def _drift(args) -> dict:
+    from rayfl.analysis import drift, plots
+    from rayfl.analysis.rundir import RunDir
+
+    run = RunDir(args.run_dir)
+    out = run.out_dir(args.out)
+    rows = drift.drift_rows(run.metrics(), args.label_column)
+    summary = drift.drift_summary(rows)
+    _write(out, "drift", summary, rows)
+    plots.plot_drift({run.cfg.name: rows}, [k for k in rows[0] if k != "round"],
+                     os.path.join(out, "drift.png"))
+    return summary
+
+
+def _regimes(args) -> dict:
+    from rayfl.analysis import drift, plots
+    from rayfl.schema import ConfigError
+
+    regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
+    bad = [r for r in regimes if r not in REGIMES]
+    if bad or not regimes:
+        raise ConfigError("--regimes", args.regimes, f"a subset of {', '.join(REGIMES)}")
+    configs = drift.regime_configs(args.config, args.overrides, regimes)  # validate all first
+    out, curves = drift.run_regimes(configs, args.out, args.quiet)
+    table = drift.regime_table(curves, configs[regimes[0]].eval.last_k, args.label_column)
+    rows = [{"regime": r, **row} for r, rs in curves.items()
+            for row in drift.drift_rows(rs, args.label_column)]
+    _write(out, "regimes", {"out_dir": out, "regimes": table}, rows)
+    keys = [k for k in ("test_accuracy", "client_drift", "period_drift", args.label_column)
+            if any(k in row for row in rows)]
+    plots.plot_drift(curves, keys, os.path.join(out, "regimes.png"))
+    return {"out_dir": out, "regimes": table}
+
+
+COMMANDS = {"interpolate": _interpolate, "plane": _plane, "decompose": _decompose,
+            "drift": _drift, "regimes": _regimes}
+
+
+def run_command(args) -> int:
+    """Run ``rayfl analyze <args.analysis>`` and print its summary as JSON."""
+    print(json.dumps(COMMANDS[args.analysis](args), indent=1))
+    return 0

@@ -1,0 +1,40 @@
+"""FedEve's drift regimes: each round, re-split the sampled clients' pooled rows among them.
+
+``period_only`` re-splits the pool iid (the round's union still shifts: period drift, no client
+drift); ``client_only`` re-splits it with Dirichlet(α) label skew (client drift, no period drift
+when the stored partition is iid). Every client keeps its own size n_i, so the server's weights
+and step budgets stay true. ``iid`` and ``both`` train on the stored partition unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfl.data import partition as part
+
+RESPLIT = ("period_only", "client_only")
+REGIME_STREAM = 0xD21F7  # purpose tag of the per-round re-split generator
+
+
+def regime_rows(reader, regime: str | None, sampled_ids, t: int, seed: int,
+                alpha: float | None = None) -> dict[int, np.ndarray]:
+    """client id -> indices into ``reader.x``/``reader.y`` it trains on in round ``t``.
+
+    Deterministic from (seed, t, the sampled set); every actor computing it for the same round
+    gets the same answer, whichever of the clients it trains. ``alpha`` defaults to the
+    store's ``data.alpha``.
+    """
+    ids = np.unique(np.asarray(sampled_ids, dtype=np.int64))
+    lo = np.asarray(reader.offsets[ids], dtype=np.int64)
+    sizes = np.asarray(reader.offsets[ids + 1], dtype=np.int64) - lo
+    ends = np.cumsum(sizes)
+    pool = np.repeat(lo - (ends - sizes), sizes) + np.arange(int(ends[-1]) if len(ids) else 0)
+    if regime in RESPLIT:
+        rng = np.random.default_rng([seed, t, REGIME_STREAM])
+        if regime == "period_only":
+            pool = pool[rng.permutation(len(pool))]
+        else:
+            a = reader.handle.cfg.alpha if alpha is None else alpha
+            order, _ = part.label_dirichlet(np.asarray(reader.y[pool]), sizes, a, rng)
+            pool = pool[order]
+    return {int(i): rows for i, rows in zip(ids, np.split(pool, ends[:-1]))}

@@ -1,0 +1,127 @@
+"""Model zoo shapes against the papers' architectures, the recommender and its metrics."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rayfl import config
+from rayfl.data.store import DataHandle
+from rayfl.models import FlatModel, build_for, build_model, rec_metrics
+from rayfl.schema import ConfigError
+
+
+def n_params(m: nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def test_parameter_counts_match_the_published_architectures():
+    # LeNet-5: 61,706 parameters (6-16-120-84-10 on a 32×32 canvas)
+    assert n_params(build_model("lenet5", (1, 28, 28), 10)) == 61_706
+    # FedDyn/AdaBest CIFAR-10 CNN: 4,864 + 102,464 + 614,784 + 73,920 + 1,930
+    assert n_params(build_model("adabest_cnn", (3, 32, 32), 10)) == 797_962
+    # IMA Table IV CIFAR CNN: conv 3→64→64 (5×5), FC 1600-384-128-10
+    assert n_params(build_model("cifar_cnn", (3, 32, 32), 10)) == \
+        4_864 + 102_464 + 614_784 + 49_280 + 1_290
+    # IMA Table IV FMNIST CNN: conv 1→32→32, FC 512-384-128-10
+    assert n_params(build_model("fmnist_cnn", (1, 28, 28), 10)) == \
+        832 + 25_632 + 196_992 + 49_280 + 1_290
+    # MLPs: AdaBest 784-100-100-C, fedmsi 784-128-C
+    assert n_params(build_model("mlp", (1, 28, 28), 26)) == 78_500 + 10_100 + 2_626
+    assert n_params(build_model("mlp", (784,), 10, hidden=(128,))) == 100_480 + 1_290
+    assert n_params(build_model("logreg", (3072,), 10)) == 30_730
+
+
+@pytest.mark.parametrize("name, shape, classes", [
+    ("lenet5", (1, 28, 28), 62), ("cifar_cnn", (3, 32, 32), 10),
+    ("adabest_cnn", (3, 32, 32), 100), ("resnet18_gn", (3, 32, 32), 100),
+    ("resnet18_gn", (1, 28, 28), 62), ("mlp", (60,), 10)])
+def test_models_map_a_batch_to_logits_and_flatten(name, shape, classes):
+    model = FlatModel(build_model(name, shape, classes))
+    out = model.module(torch.randn(2, *shape))
+    assert out.shape == (2, classes)
+    assert model.dim == n_params(model.module)
+
+
+def test_resnet18_gn_is_torchvisions_with_two_group_norm_groups():
+    net = build_model("resnet18_gn", (3, 32, 32), 100)
+    norms = [m for m in net.modules() if isinstance(m, nn.GroupNorm)]
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in net.modules())
+    assert len(norms) == 20 and {m.num_groups for m in norms} == {2}
+    assert net.conv1.kernel_size == (7, 7) and net.fc.in_features == 512
+    # 11,689,512 for torchvision's 1000-class BN ResNet-18; the head shrinks to 100 classes
+    assert n_params(net) == 11_689_512 - 513_000 + 51_300
+    assert {m.num_groups for m in build_model("resnet18_gn", (3, 32, 32), 10, groups=32).modules()
+            if isinstance(m, nn.GroupNorm)} == {32}
+
+
+def handle(**kw):
+    base = dict(path="/nowhere", input_shape=(2,), num_classes=2, scale=1.0, num_clients=3,
+                kind="ids", vocab=(7, 11))
+    return DataHandle(**{**base, **kw})
+
+
+def test_build_for_passes_model_keys_and_checks_the_input_kind():
+    cfg = config.from_dict({"model": {"name": "ncf", "embedding_dim": 8},
+                            "clients_per_round": 1})
+    net = build_for(cfg.model, handle())
+    assert net.gmf_user.weight.shape == (7, 8) and net.mlp_item.weight.shape == (11, 8)
+    with pytest.raises(ConfigError) as e:
+        build_for(dataclasses.replace(cfg.model, name="lenet5"), handle())
+    assert e.value.key == "model.name"
+    dense = handle(input_shape=(1, 28, 28), num_classes=10, kind="dense", vocab=())
+    with pytest.raises(ConfigError, match="dense"):
+        build_for(cfg.model, dense)
+    mlp = build_for(dataclasses.replace(cfg.model, name="mlp", hidden=[5]), dense)
+    assert n_params(mlp) == 784 * 5 + 5 + 5 * 10 + 10
+
+
+def test_model_keys_are_validated():
+    for model, key in (({"groups": 3}, "model.groups"), ({"embedding_dim": 0},
+                                                          "model.embedding_dim"),
+                       ({"hidden": []}, "model.hidden"), ({"name": "vgg"}, "model.name")):
+        with pytest.raises(ConfigError) as e:
+            config.from_dict({"model": model})
+        assert e.value.key == key
+
+
+def test_ncf_cross_entropy_is_the_logistic_loss_of_its_score():
+    torch.manual_seed(0)
+    net = build_model("ncf", (2,), 2, vocab=(5, 9), embedding_dim=4)
+    x = torch.tensor([[0, 1], [4, 8], [2, 3]])
+    y = torch.tensor([1, 0, 1])
+    with torch.no_grad():
+        out = net(x)
+    assert (out[:, 0] == 0).all()
+    bce = nn.functional.binary_cross_entropy_with_logits(out[:, 1], y.float())
+    assert float(nn.functional.cross_entropy(out, y)) == pytest.approx(float(bce), rel=1e-6)
+
+
+def test_rec_metrics_by_hand():
+    # two users, groups of 4 candidates, positive first
+    scores = [0.9, 0.1, 0.2, 0.3,   # rank 0: hit, ndcg 1
+              0.2, 0.5, 0.1, 0.4]   # rank 2: hit@3, ndcg 1/log2(4) = 0.5
+    labels = [1, 0, 0, 0, 1, 0, 0, 0]
+    m = rec_metrics(scores, labels, group_size=4, k=3)
+    assert m["hr@3"] == 1.0 and m["ndcg@3"] == pytest.approx(0.75)
+    assert rec_metrics(scores, labels, 4, k=2)["hr@2"] == 0.5
+    # AUC over all positives × negatives: 0.9 beats 6/6; 0.2 beats 2 of 6 and ties 1 (½)
+    assert m["auc"] == pytest.approx((6 + 2.5) / 12)
+    flat = rec_metrics(np.zeros(8), labels, 4, k=3)
+    assert flat["hr@3"] == 0.0 and flat["auc"] == 0.5  # ties count against the positive
+
+
+def test_rec_auc_equals_sklearns():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    labels = np.zeros((50, 100), dtype=int)
+    labels[np.arange(50), rng.integers(0, 100, 50)] = 1
+    scores = rng.normal(size=(50, 100)) + labels + np.round(rng.normal(size=(50, 100)), 1)
+    m = rec_metrics(scores.ravel(), labels.ravel(), 100)
+    assert m["auc"] == pytest.approx(roc_auc_score(labels.ravel(), scores.ravel()))
+    assert 0 < m["ndcg@10"] < m["hr@10"] < 1
