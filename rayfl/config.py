@@ -99,7 +99,7 @@ class RuntimeConfig:
                                            "max(1, floor))", lo=0.0, lo_open=True)
     gpus_per_actor: float = field(0.0, doc="fractional GPU per actor (0.25 → four per GPU)",
                                   lo=0.0)
-    logical_shards: int = field(8, doc="fixed groups a round's clients are summed in; sums are "
+    logical_shards: int = field(16, doc="fixed groups a round's clients are summed in; sums are "
                                        "combined in group order so results do not depend on "
                                        "num_actors", lo=1)
     state_memory_mb: float = field(256.0, doc="memory budget for cached client state (all "

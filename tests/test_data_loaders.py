@@ -63,8 +63,9 @@ def test_cifar100_uses_fine_labels(tmp_path):
     folder = tmp_path / "cifar-100-python"
     folder.mkdir()
     for name, n in (("train", 8), ("test", 4)):
-        blob = {b"filenames": [b"x"] * n, b"batch_label": b"b", b"fine_labels": list(range(90, 90 + n)),
-                b"coarse_labels": [1] * n, b"data": np.full((n, 3072), 7, dtype=np.uint8)}
+        blob = {b"filenames": [b"x"] * n, b"batch_label": b"b",
+                b"fine_labels": list(range(90, 90 + n)), b"coarse_labels": [1] * n,
+                b"data": np.full((n, 3072), 7, dtype=np.uint8)}
         with open(folder / name, "wb") as f:
             pickle.dump(blob, f, protocol=2)
     a = datasets.load(data_cfg(dataset="cifar100", root=str(tmp_path)), 0)

@@ -41,7 +41,7 @@ def _contour(ax, res, z, title: str) -> None:
     levels = np.linspace(z.min(), top if top > z.min() else z.min() + 1e-6, 20)
     cs = ax.contourf(res.a, res.b, z, levels=levels, cmap="viridis", extend="max")
     ax.contour(res.a, res.b, z, levels=levels, colors="k", linewidths=0.3, alpha=0.5)
-    plt.colorbar(cs, ax=ax, shrink=0.85)
+    plt.colorbar(cs, ax=ax, shrink=0.85, format="%.3g")
     i = np.unravel_index(np.argmin(z), z.shape)
     ax.plot(res.a[i[1]], res.b[i[0]], "*", color="w", mec="k", ms=9, label="grid minimum")
     for p in res.points:

@@ -78,9 +78,7 @@ def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
         x, y = arrays.x_train, arrays.y_train  # already client-ordered: no copy
     else:
         x, y = arrays.x_train[order], arrays.y_train[order]
-    del arrays.x_train
     _write_arrow(os.path.join(tmp, "train.arrow"), _table(x, y))
-    del x
     _write_arrow(os.path.join(tmp, "test.arrow"), _table(arrays.x_test, arrays.y_test))
     np.save(os.path.join(tmp, "offsets.npy"), offsets)
     meta = {"input_shape": list(arrays.input_shape), "num_classes": arrays.num_classes,

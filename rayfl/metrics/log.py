@@ -52,9 +52,11 @@ class MetricsLog:
         if diverged_at is not None:
             summary["diverged_at_round"] = diverged_at
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
+        from rayfl.availability.plots import plot_online
         from rayfl.metrics.plots import plot_accuracy
 
         plot_accuracy({self.cfg.name: self.rows}, os.path.join(self.run_dir, "accuracy.png"))
+        plot_online(self.rows, os.path.join(self.run_dir, "availability.png"))
         return summary
 
 
@@ -78,6 +80,8 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
         "wall_time_s": rows[-1]["elapsed_s"] if rows else 0.0,
         "mean_round_s": float(np.mean([r["round_s"] for r in rows])) if rows else 0.0,
         "virtual_time_s": rows[-1].get("virtual_time_s", 0.0) if rows else 0.0,
+        "virtual_hours_to_target": None if reached is None else
+        next(r.get("virtual_time_s", 0.0) for r in rows if r["round"] == reached) / 3600,
         "model_sha256": sha256_of(final_model),
     }
 

@@ -60,8 +60,9 @@ class Server:
         self.algorithm = algorithms.build(cfg, handle.num_clients)
         self.model = model_for(cfg, handle, "cpu")
         self.loss_fn = nn.CrossEntropyLoss()
-        self.sampler = make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,
-                                    self.spec)
+        self.sampler = make_sampler(
+            cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
+            model_bytes=self.model.w.numel() * self.model.w.element_size())
         self.actors = [ray.get_actor(n) for n in actor_names]
         reader = handle.open()
         self.test_x, self.test_y = reader.tensors(*reader.test(), "cpu")
@@ -133,7 +134,7 @@ class Server:
             self.log.flush()
             self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
                 k: v for k, v in row.items() if k in PROGRESS_KEYS}})
-            if not np.isfinite(row.get("train_loss", 0.0)) or not torch.isfinite(
+            if (row["completed"] and not np.isfinite(row["train_loss"])) or not torch.isfinite(
                     self.algorithm.deployed(self.state)).all():
                 return self.log.finish(self._final_model(), diverged_at=t)
             if pause and not last:
@@ -143,7 +144,7 @@ class Server:
     def round(self, t: int) -> dict:
         """One communication round; returns its metrics row."""
         tick = time.perf_counter()
-        plan = self.sampler.plan(t)
+        plan = self.sampler.plan(t, self.virtual_time)
         clients = plan.clients
         budgets = plan.step_budget
         weights = self.algorithm.aggregation_weights(self.state, clients, self.sizes[clients])
@@ -195,11 +196,12 @@ class Server:
             self._keep_global(keep_dir)
         agg_s = time.perf_counter() - tick
         return {
+            **plan.metrics,
             "round": t, "lr": lr, "sampled": len(clients) + len(plan.dropped),
             "completed": agg.count, "train_loss": total.loss_sum / max(total.count, 1)
             if total.count else float("nan"),
             "samples": total.samples, "local_steps": total.steps,
-            **plan.metrics, "virtual_time_s": self.virtual_time, **drift, **own,
+            "virtual_time_s": self.virtual_time, **drift, **own,
             "plan_s": plan_s, "train_s": train_s, "aggregate_s": agg_s,
             "actor_train_s_max": max((r["seconds"] for r in results), default=0.0),
             "actor_peak_rss_mb": max((r["peak_rss_mb"] for r in results), default=0.0),

@@ -62,6 +62,7 @@ def require(root: str | None, paths: list[str], what: str, hint: str,
     if root is None:
         raise ConfigError("data.root", None, f"a directory with {what} ({', '.join(paths)}); "
                           f"{hint}")
+    root = os.path.expanduser(root)
     if inside and os.path.isdir(os.path.join(root, inside)):
         root = os.path.join(root, inside)
     missing = [p for p in paths if not any(os.path.exists(os.path.join(root, p + ext))

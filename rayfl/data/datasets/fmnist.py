@@ -41,7 +41,7 @@ def find(root: str, stem: str) -> str | None:
 
 def check_files(root: str | None) -> str:
     """The dataset directory, or a ConfigError naming what is missing and how to install it."""
-    root = root or DEFAULT_ROOT
+    root = os.path.expanduser(root or DEFAULT_ROOT)
     missing = [stem for stem in FILES.values() if find(root, stem) is None]
     if missing:
         raise ConfigError("data.root", root, f"a directory with Fashion-MNIST's "

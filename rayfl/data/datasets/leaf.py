@@ -16,7 +16,8 @@ HINT = ("run LEAF's data/femnist/preprocess.sh (https://github.com/TalwalkarLab/
 
 
 def _files(root: str | None, split: str) -> list[str]:
-    files = sorted(glob.glob(os.path.join(root, split, "*.json"))) if root else []
+    files = sorted(glob.glob(os.path.join(os.path.expanduser(root), split, "*.json"))) \
+        if root else []
     if not files:
         raise ConfigError("data.root", root, f"a LEAF femnist folder with {split}/*.json files "
                           f"(keys users, num_samples, user_data); {HINT}")

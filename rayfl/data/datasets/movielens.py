@@ -15,7 +15,8 @@ import pyarrow.csv as pacsv
 from rayfl.data.datasets import Arrays, require
 
 FILES = ["ratings.dat", "users.dat", "movies.dat"]
-HINT = "unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and set data.root to ml-1m"
+HINT = ("unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and set data.root to "
+        "its ml-1m folder")
 TRAIN_NEG, TEST_NEG = 4, 99
 
 
