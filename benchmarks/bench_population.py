@@ -2,9 +2,9 @@
 
 Each size runs in a fresh process, so its peak memory is its own. Per size it prints: seconds to
 partition and write the store (``prepare``), seconds of ``rayfl.run`` (Ray start, actors, the
-rounds), the driver's peak RSS (``getrusage``) and the peak of the summed RSS of the driver and
-every process under it (Ray's daemons and actors; shared pages of the mapped store count once
-per process, so this over-states real use).
+rounds), the mean seconds of one round, the driver's peak RSS (``getrusage``) and the peak of
+the summed RSS of the driver and every process under it (Ray's daemons and actors; shared pages
+of the mapped store count once per process, so this over-states real use).
 
     python benchmarks/bench_population.py [--clients 10000 100000 1000000] [--rounds 2]
 """
@@ -90,6 +90,7 @@ def measure(clients: int, rounds: int, work: str) -> dict:
     store_mb = sum(os.path.getsize(os.path.join(handle.path, f)) for f in os.listdir(handle.path))
     return {"clients": clients, "rows": int(handle.sizes().sum()), "store_mb": store_mb / 2**20,
             "prepare_s": prepare_s, "run_s": run_s, "rounds": rounds,
+            "mean_round_s": result.summary["mean_round_s"],
             "driver_peak_rss_mb_after_prepare": prepare_rss,
             "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "tree_peak_rss_mb": max(peak[0], tree_rss(me)) / 2**20,
@@ -115,7 +116,7 @@ def main() -> None:
           f"{BASE['clients_per_round']} clients/round, {args.rounds} rounds, "
           f"{BASE['runtime']['num_actors']} actors")
     print(f"{'clients':>9} {'rows':>10} {'store MB':>9} {'prepare s':>10} {'run s':>7} "
-          f"{'driver peak MB':>15} {'all-process peak MB':>20}")
+          f"{'s/round':>8} {'driver peak MB':>15} {'all-process peak MB':>20}")
     for n in args.clients:
         out = subprocess.run([sys.executable, __file__, "--one", "--clients", str(n),
                               "--rounds", str(args.rounds)], capture_output=True, text=True)
@@ -123,7 +124,7 @@ def main() -> None:
             sys.exit(f"{n} clients failed:\n{out.stderr[-3000:]}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{r['clients']:>9} {r['rows']:>10} {r['store_mb']:>9.0f} {r['prepare_s']:>10.2f} "
-              f"{r['run_s']:>7.2f} {r['driver_peak_rss_mb']:>15.0f} "
+              f"{r['run_s']:>7.2f} {r['mean_round_s']:>8.3f} {r['driver_peak_rss_mb']:>15.0f} "
               f"{r['tree_peak_rss_mb']:>20.0f}", flush=True)
 
 

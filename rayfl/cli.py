@@ -43,6 +43,12 @@ def _cmd_analyze(args) -> int:
     return run_command(args)
 
 
+def _cmd_tune(args) -> int:
+    from tune.cli import run
+
+    return run(args.study, args.overrides, args.quiet)
+
+
 def _print_summary(s: dict) -> None:
     if s.get("status") == "paused":
         return
@@ -53,9 +59,15 @@ def _print_summary(s: dict) -> None:
 
 
 def _cmd_keys(args) -> int:
-    from rayfl.docs import config_reference
+    from rayfl.docs import HEADER, config_reference
 
-    print(config_reference(args.algorithm))
+    text = config_reference(args.algorithm)
+    if args.write:
+        with open(args.write, "w") as f:
+            f.write(HEADER + text)
+        print(args.write)
+    else:
+        print(text)
     return 0
 
 
@@ -110,8 +122,14 @@ def parser() -> argparse.ArgumentParser:
                                        "diagnostics of a run directory")
     add_subcommands(z)
     z.set_defaults(fn=_cmd_analyze)
+    t = sub.add_parser("tune", help="run or continue an Optuna study (see tune/README.md)")
+    t.add_argument("study", help="study YAML")
+    t.add_argument("overrides", nargs="*", help="dotted overrides of study keys, e.g. trials=40")
+    t.add_argument("--quiet", action="store_true")
+    t.set_defaults(fn=_cmd_tune)
     k = sub.add_parser("keys", help="every config key with its default and meaning")
-    k.add_argument("--algorithm", help="also list this algorithm's hyper-parameters")
+    k.add_argument("--algorithm", help="list only this algorithm's hyper-parameters")
+    k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
     k.set_defaults(fn=_cmd_keys)
     d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")
     d.add_argument("config", help="YAML config file")

@@ -159,9 +159,10 @@ class Config:
     keep: KeepConfig = field(factory=KeepConfig)
 
     def check(self, prefix: str) -> None:
-        if self.clients_per_round > self.data.num_clients:
+        trainable = self.data.num_clients - self.data.validation_clients
+        if self.clients_per_round > trainable:
             raise ConfigError("clients_per_round", self.clients_per_round,
-                              f"at most data.num_clients = {self.data.num_clients}")
+                              f"at most data.num_clients - data.validation_clients = {trainable}")
         bad = [r for r in self.keep.rounds if not 0 <= r < self.rounds]
         if bad:
             raise ConfigError("keep.rounds", bad[0], f"a round in [0, {self.rounds - 1}]")

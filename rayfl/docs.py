@@ -15,6 +15,15 @@ def _table(rows) -> str:
     return "\n".join(out)
 
 
+HEADER = """# Config reference
+
+Generated from the schema by `rayfl keys --write configs/README.md`; a test keeps it in sync.
+Overrides on the command line use the dotted keys: `rayfl run CONFIG rounds=50 local.lr=0.05`.
+Each algorithm's own hyper-parameters go in the `algorithm` section next to its `name`.
+
+"""
+
+
 def config_reference(algorithm: str | None = None) -> str:
     """Markdown tables of every config key (and the named algorithm's, or all algorithms')."""
     from rayfl.algorithms import registry

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from rayfl import config as config_mod
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
+from rayfl.models import build_for
 from rayfl.runtime import checkpoint
 
 
@@ -126,6 +127,7 @@ def _execute(cfg: Config, run_dir: str, resume: bool, quiet: bool, max_rounds: i
     import ray
 
     handle = prepare(cfg.data, cfg.seed)
+    build_for(cfg.model, handle)  # a model that cannot read this data fails before Ray starts
     _ensure_ray(cfg)
     server, actors = _start(cfg, handle, run_dir, resume)
     try:

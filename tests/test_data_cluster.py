@@ -1,5 +1,6 @@
 """Ray nodes that cannot see the driver's partition store re-derive it and give the same model
-bytes as one node (a real ``ray.cluster_utils.Cluster``)."""
+bytes as one node (a real ``ray.cluster_utils.Cluster``), on FedProx's Synthetic(1, 1) with
+validation clients held out."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import TINY
+from tests.conftest import ROOT
 
 RAY_ARGS = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
 
@@ -32,14 +33,16 @@ def test_two_nodes_rederive_the_partition_and_match_one_node(tmp_path, monkeypat
     from rayfl import simulation
 
     ray = own_ray
-    runs = f"output_dir={tmp_path / 'runs'}"
+    config = os.path.join(ROOT, "configs", "papers", "fedprox_synthetic.yaml")
+    small = [f"output_dir={tmp_path / 'runs'}", "rounds=2", "local.epochs=1",
+             "data.num_clients=500", "data.samples_per_client=20", "data.validation_clients=50"]
     monkeypatch.setenv("RAYFL_CACHE", str(tmp_path / "driver"))
     nodes = {name: str(tmp_path / name) for name in ("node1", "node2")}
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "env_vars": {"RAYFL_CACHE": nodes["node1"]}})
     try:
         ray.init(address=cluster.address, **RAY_ARGS)
-        one = simulation.run(TINY, [runs, "rounds=2", "runtime.num_actors=1"], quiet=True)
+        one = simulation.run(config, [*small, "runtime.num_actors=1"], quiet=True)
 
         prepare, hidden = simulation.prepare, []
 
@@ -53,7 +56,7 @@ def test_two_nodes_rederive_the_partition_and_match_one_node(tmp_path, monkeypat
         monkeypatch.setattr(simulation, "prepare", driver_only)
         cluster.add_node(num_cpus=1, env_vars={"RAYFL_CACHE": nodes["node2"]})
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
-        two = simulation.run(TINY, [runs, "rounds=2", "runtime.num_actors=2"], quiet=True)
+        two = simulation.run(config, [*small, "runtime.num_actors=2"], quiet=True)
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -61,3 +64,4 @@ def test_two_nodes_rederive_the_partition_and_match_one_node(tmp_path, monkeypat
     for path in nodes.values():  # one client actor per 1-CPU node, each re-derived the store
         assert os.path.isfile(os.path.join(path, hidden[0], "meta.json"))
     assert two.summary["model_sha256"] == one.summary["model_sha256"]
+    assert 0 < one.summary["final_accuracy"] <= 1

@@ -2,9 +2,9 @@
 
 A ``weights`` parameter (FedMIM's α_j, β_j) is sampled as a total in [low, high] and a
 stick-breaking split (``w_1 = total·s_1``, ``w_2 = (total − w_1)·s_2``, …, the last takes the
-rest), so Σw = total ≤ high by construction — with high < 1, Σα < 1 holds in every trial and no
-draw is ever rejected. Every searched key is checked against the run-config schema at its range's
-ends before anything runs.
+rest), so Σw = total ≤ high by construction: with high < 1, Σα < 1 holds in every trial and
+no draw is ever rejected. Every searched key is checked against the run-config schema at its
+range's ends before anything runs.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def resolve(presets: list[str], space: dict, base: dict) -> dict[str, Param]:
                 raise ConfigError(f"space.{key}.size", None, "the number of weights (the base "
                                                             f"config has {key} = {current!r})")
             param = dataclasses.replace(param, size=param.size or len(current))
-        _check_ends(key, param, base)
         params[key] = param
+    _check_ends(params, base)
     return params
 
 
@@ -146,13 +146,23 @@ def _ends(p: Param) -> list[Any]:
     return [p.low, p.high]
 
 
-def _check_ends(key: str, p: Param, base: dict) -> None:
-    for value in _ends(p):
-        try:
-            config_mod.from_dict(apply(base, {key: value}))
-        except ConfigError as e:
-            raise ConfigError(f"space.{key}", value,
-                              f"values the run config accepts ({e})") from None
+def _error(base: dict, values: dict[str, Any]) -> ConfigError | None:
+    try:
+        config_mod.from_dict(apply(base, values))
+    except ConfigError as e:
+        return e
+    return None
+
+
+def _check_ends(params: dict[str, Param], base: dict) -> None:
+    """Each parameter at each end of its range makes a valid run config, alone or with the other
+    parameters at their low ends (for joint rules such as FedMIM's equal α/β lengths)."""
+    lows = {k: _ends(p)[0] for k, p in params.items()}
+    for key, p in params.items():
+        for value in _ends(p):
+            err = _error(base, {key: value})
+            if err is not None and _error(base, {**lows, key: value}) is not None:
+                raise ConfigError(f"space.{key}", value, f"values the run config accepts ({err})")
 
 
 def suggest(trial, params: dict[str, Param]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from rayfl import config as config_mod
 from rayfl import schema
@@ -96,8 +96,8 @@ class PrunerSpec:
 class StudySpec:
     """One Optuna study over rayfl runs."""
 
-    base: Any = field(doc="the base run config: a path (relative to the study file) or an "
-                          "inline mapping")
+    base: Union[str, dict[str, Any]] = field(
+        doc="the base run config: a path (relative to the study file) or an inline mapping")
     name: Optional[str] = field(None, doc="study name in the storage (default: the study "
                                           "file's stem)")
     dir: Optional[str] = field(None, doc="study directory for outputs and the journal "
@@ -106,10 +106,12 @@ class StudySpec:
                                                    "config (e.g. algorithm.name=adabest)")
     presets: list[str] = field(factory=list, doc="ready search spaces: "
                                                  + ", ".join(space_mod.PRESETS))
-    space: dict = field(factory=dict, doc="dotted config key → {type, low, high, log, step, "
-                                          "choices, size} (overrides presets)")
-    enqueue: list[dict] = field(factory=list, doc="trials to run first: mappings of searched "
-                                                  "keys to values (e.g. the paper defaults)")
+    space: dict[str, Any] = field(
+        factory=dict, doc="dotted config key → {type, low, high, log, step, choices, size} "
+                          "(replaces a preset's entry for that key)")
+    enqueue: list[dict[str, Any]] = field(
+        factory=list, doc="trials to run first: mappings of searched keys to values (e.g. the "
+                          "paper defaults)")
     objective: ObjectiveSpec = field(factory=ObjectiveSpec)
     trials: int = field(20, doc="trials to finish (complete, pruned or failed; interrupted "
                                 "ones re-run)", lo=1)
@@ -139,13 +141,11 @@ class StudySetup:
 
 def _base_raw(spec: StudySpec, study_path: str | None) -> dict:
     src = spec.base
-    if isinstance(src, str):
-        if study_path and not os.path.isabs(src):
-            src = os.path.join(os.path.dirname(os.path.abspath(study_path)), src)
-        return config_mod.read_yaml(src)
     if isinstance(src, dict):
         return src
-    raise ConfigError("base", src, "a path to a run config YAML or an inline mapping")
+    if study_path and not os.path.isabs(src):
+        src = os.path.join(os.path.dirname(os.path.abspath(study_path)), src)
+    return config_mod.read_yaml(src)
 
 
 def build(raw: dict, study_path: str | None = None) -> StudySetup:
@@ -180,4 +180,4 @@ def _check_objective(obj: ObjectiveSpec, base: dict) -> None:
         warnings.warn(f"objective.metric = {obj.metric!r} tunes on the test set: the best "
                       f"trial's test score is optimistic (leakage); use held-out validation "
                       f"clients (data.validation_clients, objective.metric: val_accuracy)",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=2)

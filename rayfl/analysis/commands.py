@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from rayfl.analysis.drift import REGIMES
 from rayfl.analysis.presets import INTERPOLATIONS, PLANES
@@ -76,6 +77,10 @@ def add_subcommands(p: argparse.ArgumentParser) -> None:
     r.add_argument("--quiet", action="store_true")
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -> None:
     from rayfl.metrics.log import write_json, write_parquet
 
@@ -129,10 +134,13 @@ def _plane(args) -> dict:
     else:
         tag = args.preset
         specs = presets.planes(run, args.preset, args.round, _ids(args.clients, "--clients"))
-    results = [landscape.plane(run.cfg, run.handle, name, models, [*own, *marks], data,
-                               args.grid, args.margin, bs) for name, models, own in specs]
-    for res in results:
-        _write(out, f"plane-{res.name}", res.summary(), res.rows())
+    results = []
+    for name, models, own in specs:
+        _say(f"plane {name}: {args.grid}×{args.grid} grid, the models, their average and "
+             f"{len(own) + len(marks)} mark(s) on the {data.label}")
+        results.append(landscape.plane(run.cfg, run.handle, name, models, [*own, *marks], data,
+                                       args.grid, args.margin, bs))
+        _write(out, f"plane-{name}", results[-1].summary(), results[-1].rows())
     plots.plot_planes(results, os.path.join(out, f"plane-{tag}.png"))
     return {res.name: res.summary() for res in results}
 
@@ -145,6 +153,7 @@ def _decompose(args) -> dict:
         or run.need_rounds(1, "`rayfl analyze decompose`")
     rows, curves = [], []
     for t in rounds:
+        _say(f"decompose round {t}")
         row, curve = decomposition.decompose_round(run, t, data, args.cohort_samples,
                                                    args.subsets, bs)
         rows.append(row)

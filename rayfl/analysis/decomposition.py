@@ -27,8 +27,8 @@ ESTIMATORS = {
     "var, cov": "NOT estimated: they need several models per client (draws from W_Dk); with one "
                 "model Var = Cov = 0. Reported instead: diversity = mean_x Σ_k p_k ‖f_k − "
                 "f_WENS‖² (the spread across clients: the p-weighted mean of the client models' "
-                "MSE on D is bias + diversity) and the error of the average of m client models against m (the "
-                "paper's Fig. 4 reading of the variance term)",
+                "MSE on D is bias + diversity) and the error of the average of m client "
+                "models against m (the paper's Fig. 4 reading of the variance term)",
     "fma_mse, fma_gap": "MSE of w_FMA = Σ p_k w_k on D, and fma_mse − bias: the realised "
                         "O(Δ²) term of Theorem 1",
     "locality": "max_k ‖w_k − w_FMA‖₂ over all parameters (Lemma 1's Δ); locality_global: "

@@ -36,7 +36,7 @@ class Plane:
     dirs: np.ndarray  # (2, d): û, v̂
 
     @classmethod
-    def through(cls, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray) -> "Plane":
+    def through(cls, w1: np.ndarray, w2: np.ndarray, w3: np.ndarray) -> Plane:
         """The plane through three models (Gram–Schmidt, unit directions)."""
         w1, w2, w3 = (np.asarray(w, dtype=np.float64) for w in (w1, w2, w3))
         u = w2 - w1

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+
+MARKERS = {"model": {"marker": "^", "color": "k", "ms": 8},  # the paper's black triangles
+           "average": {"marker": "x", "color": "w", "ms": 10, "mew": 2.5},  # its white cross
+           "mark": {"marker": "D", "color": "tab:orange", "mec": "k", "ms": 6}}
 
 
 def _save(fig, path: str) -> None:
@@ -45,10 +49,7 @@ def _contour(ax, res, z, title: str) -> None:
     i = np.unravel_index(np.argmin(z), z.shape)
     ax.plot(res.a[i[1]], res.b[i[0]], "*", color="w", mec="k", ms=9, label="grid minimum")
     for p in res.points:
-        style = {"model": dict(marker="^", color="k", ms=8, ls=""),
-                 "average": dict(marker="x", color="w", ms=10, mew=2.5, ls=""),
-                 "mark": dict(marker="D", color="tab:orange", mec="k", ms=6, ls="")}[p["kind"]]
-        ax.plot(p["a"], p["b"], **style)
+        ax.plot(p["a"], p["b"], ls="", **MARKERS[p["kind"]])
         if p["kind"] != "average":
             ax.annotate(p["label"], (p["a"], p["b"]), fontsize=6, color="w", xytext=(4, 4),
                         textcoords="offset points")

@@ -25,10 +25,11 @@ class DataConfig:
     num_clients: int = field(100, doc="registered clients N, validation clients included; for "
                                       "partition=natural the first N writers/users", lo=1)
     partition: Literal["iid", "dirichlet", "label_dirichlet", "shards", "natural"] = field(
-        "dirichlet", doc="iid; dirichlet: label skew with unequal sizes (Hsu et al.); "
-                         "label_dirichlet: each client's label mix ~ Dir(α·p) at the size set by "
-                         "data.sizes (FedMIM, AdaBest); shards: data.shards_per_client label-"
-                         "sorted shards each (IMA #C); natural: one client per writer/user")
+        "dirichlet", doc="iid; dirichlet: each class split among clients by Dir(α), sizes "
+                         "unequal (NIID-bench labeldir); label_dirichlet: each client's label "
+                         "mix q ~ Dir(α·C·p) (Hsu et al., FedDyn) at the sizes data.sizes sets "
+                         "(FedEve, FedMIM, AdaBest); shards: data.shards_per_client label-sorted "
+                         "shards each (IMA #C); natural: one client per writer/user")
     alpha: float = field(0.1, doc="Dirichlet concentration α (also the client_only regime's)",
                          lo=0.0, lo_open=True)
     min_samples: int = field(10, doc="dirichlet: redraw until every client has this many", lo=1)

@@ -48,8 +48,9 @@ def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random
               min_samples: int = 10, max_tries: int = 1000) -> tuple[np.ndarray, np.ndarray]:
     """Label skew with unequal sizes: each class is split among clients by p_c ~ Dir(α·1_N).
 
-    Redraws until every client holds at least ``min_samples`` (Hsu et al. 2019; the NIID-bench
-    ``noniid-labeldir`` procedure).
+    Redraws until every client holds at least ``min_samples`` (the NIID-bench
+    ``noniid-labeldir`` procedure of Yurochkin et al. 2019; for Hsu et al.'s per-client
+    q ~ Dir(α·p) see :func:`label_dirichlet`).
     """
     classes = np.unique(labels)
     by_class = [rng.permutation(np.flatnonzero(labels == c)) for c in classes]
@@ -116,8 +117,9 @@ def assign(labels: np.ndarray, counts: np.ndarray,
 
 def label_dirichlet(labels: np.ndarray, sizes: np.ndarray, alpha: float,
                     rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Label skew at fixed client sizes (FedMIM / AdaBest balanced; log-normal sizes for
-    AdaBest unbalanced): every sample assigned once, client i holds exactly ``sizes[i]``."""
+    """Hsu et al.'s label skew at fixed client sizes (FedEve, FedMIM, AdaBest balanced;
+    log-normal sizes for AdaBest unbalanced): every sample assigned once, client i holds
+    exactly ``sizes[i]``."""
     class_counts = np.unique(labels, return_counts=True)[1]
     return assign(labels, label_counts(class_counts, sizes, alpha, rng), rng)
 

@@ -64,6 +64,7 @@ def _write_arrow(path: str, table: pa.Table) -> None:
 
 
 def _fingerprint(path: str) -> str:
+    """sha256 over the digests of the store's data files (what re-derivation must reproduce)."""
     h = hashlib.sha256()
     for name in FILES:
         with open(os.path.join(path, name), "rb") as f:
@@ -94,7 +95,7 @@ def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHand
     """Build (or reuse) the partition store for ``cfg`` under ``root`` (default: ``cfg.cache_dir``
     or :func:`default_cache_dir`) and return its handle. Processes preparing the same store
     take turns on a lock file, so a node builds it once."""
-    root = root or cfg.cache_dir or default_cache_dir()
+    root = os.path.abspath(root or cfg.cache_dir or default_cache_dir())
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
     if not os.path.isfile(os.path.join(path, "meta.json")):

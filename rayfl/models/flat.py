@@ -42,20 +42,22 @@ class FlatModel:
         return loss.detach(), self.g
 
     @torch.no_grad()
-    def evaluate(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss_fn,
-                 batch_size: int = 1000) -> tuple[float, float]:
-        """(mean loss, accuracy) of ``point`` on a labelled set, in batches."""
+    def predict(self, point: torch.Tensor, x: torch.Tensor, batch_size: int = 1000):
+        """Outputs of ``point`` on ``x``, in batches (eval mode)."""
         self.w.copy_(point)
         self.module.eval()
-        loss_sum, correct = 0.0, 0
-        for i in range(0, len(y), batch_size):
-            out = self.module(x[i:i + batch_size])
-            yb = y[i:i + batch_size]
-            loss_sum += float(loss_fn(out, yb)) * len(yb)
-            correct += int((out.argmax(1) == yb).sum())
+        out = torch.cat([self.module(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
         self.module.train()
-        n = max(len(y), 1)
-        return loss_sum / n, correct / n
+        return out
+
+    @torch.no_grad()
+    def evaluate(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss_fn,
+                 batch_size: int = 1000) -> tuple[float, float]:
+        """(mean loss, accuracy) of ``point`` on a labelled set."""
+        if len(y) == 0:
+            return float("nan"), float("nan")
+        out = self.predict(point, x, batch_size)
+        return float(loss_fn(out, y)), float((out.argmax(1) == y).float().mean())
 
 
 def sha256_of(flat: np.ndarray) -> str:

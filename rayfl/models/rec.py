@@ -32,7 +32,7 @@ class NCF(nn.Module):
         return torch.cat([torch.zeros_like(s), s], 1)
 
 
-def ncf(input_shape, num_classes, vocab=(1, 1), embedding_dim: int = 32) -> nn.Module:
+def ncf(input_shape, num_classes, *, vocab: tuple[int, int], embedding_dim: int = 32) -> nn.Module:
     """NeuMF over ``vocab = (users, items)`` (MovieLens; FedEve's recommendation task)."""
     return NCF(vocab[0], vocab[1], embedding_dim)
 

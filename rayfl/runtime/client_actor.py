@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from rayfl import algorithms
-from rayfl.models import FlatModel, build_model
+from rayfl.data.regime import RESPLIT, regime_rows
+from rayfl.models import FlatModel, build_for
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.inprocess import client_rng, run_client
 from rayfl.runtime.local import spec_from_config
@@ -42,9 +43,7 @@ def pick_device(gpus: float) -> torch.device:
 def model_for(cfg, handle, device) -> FlatModel:
     """The configured model, initialised from the run seed, as a :class:`FlatModel`."""
     torch.manual_seed(cfg.seed)
-    kwargs = {"hidden": tuple(cfg.model.hidden)} if cfg.model.hidden else {}
-    module = build_model(cfg.model.name, handle.input_shape, handle.num_classes, **kwargs)
-    return FlatModel(module, device)
+    return FlatModel(build_for(cfg.model, handle), device)
 
 
 class ClientWorker:
@@ -75,19 +74,24 @@ class ClientWorker:
         return grad_fn
 
     def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups,
-              keep_dir: str | None = None) -> dict:
+              keep_dir: str | None = None, round_clients: np.ndarray | None = None) -> dict:
         """Train every client of every group; returns {"sums": [(group, PartialSum)], ...}.
 
         With ``keep_dir``, each client's final local model is also saved there for analysis.
+        ``round_clients`` (every client dispatched this round) lets the FedEve drift regimes
+        re-split the round's pooled data.
         """
         start = time.perf_counter()
         bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
         keep_models = self.algorithm.needs_client_models
         sums, written = [], []
+        resplit = regime_rows(self.reader, self.cfg.data.regime, round_clients, t, self.seed) \
+            if self.cfg.data.regime in RESPLIT else None
         for group, tasks in groups:
             acc = PartialSum()
             for client, weight, version, budget in tasks:
-                raw_x, raw_y = self.reader.client(client)
+                raw_x, raw_y = self.reader.client(client) if resplit is None else \
+                    self.reader.rows(resplit[client])
                 x, y = self.reader.tensors(raw_x, raw_y, self.device)
                 cstate = self.store.load(client, version)
                 if cstate is not None:

@@ -24,6 +24,7 @@ from torch import nn
 from rayfl import algorithms
 from rayfl.availability import make_sampler
 from rayfl.metrics.log import MetricsLog
+from rayfl.models import rec_metrics
 from rayfl.runtime import checkpoint
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
 from rayfl.runtime.client_actor import model_for, peak_rss_mb
@@ -65,7 +66,9 @@ class Server:
             model_bytes=self.model.w.numel() * self.model.w.element_size())
         self.actors = [ray.get_actor(n) for n in actor_names]
         reader = handle.open()
-        self.test_x, self.test_y = reader.tensors(*reader.test(), "cpu")
+        self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
+        if handle.num_validation_clients:
+            self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
         self.log = MetricsLog(run_dir, cfg)
         self.progress_rows: list[dict] = []
         self.pending_delete: list[tuple[int, int]] = []
@@ -161,6 +164,7 @@ class Server:
             np.save(os.path.join(keep_dir, "start.npy"), bc["x"])
         tick = time.perf_counter()
         bc_ref = ray.put(bc)
+        clients_ref = ray.put(clients) if self.cfg.data.regime else None
         calls = []
         for actor, gids in zip(self.actors, per_actor):
             if not gids:
@@ -168,7 +172,7 @@ class Server:
             work = [(g, [(int(clients[i]), float(weights[i]), int(self.versions[clients[i]]),
                           None if budgets is None else int(budgets[i])) for i in groups[g]])
                     for g in sorted(gids)]
-            calls.append(actor.train.remote(t, bc_ref, lr, work, keep_dir))
+            calls.append(actor.train.remote(t, bc_ref, lr, work, keep_dir, clients_ref))
         results = ray.get(calls)
         train_s = time.perf_counter() - tick
 
@@ -226,16 +230,31 @@ class Server:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Test loss/accuracy of the deployed model (and the algorithm's extra models)."""
+        """Loss/accuracy of the deployed model on the test set (and on the validation clients,
+        when the partition holds some); the algorithm's extra models on the test set."""
         tick = time.perf_counter()
         bs = self.cfg.eval.batch_size
-        loss, acc = self.model.evaluate(self.algorithm.deployed(self.state), self.test_x,
-                                        self.test_y, self.loss_fn, bs)
-        out = {"test_loss": loss, "test_accuracy": acc}
+        deployed = self.algorithm.deployed(self.state)
+        out = {}
+        for split, (x, y) in self.eval_sets.items():
+            out[f"{split}_loss"], out[f"{split}_accuracy"] = self.model.evaluate(
+                deployed, x, y, self.loss_fn, bs)
+        test_x, test_y = self.eval_sets["test"]
+        if self.handle.eval_group:
+            out.update(self._ranking(deployed, test_x, test_y))
         for name, vec in self.algorithm.extra_models(self.state).items():
             out[f"{name}_test_loss"], out[f"{name}_test_accuracy"] = self.model.evaluate(
-                vec, self.test_x, self.test_y, self.loss_fn, bs)
+                vec, test_x, test_y, self.loss_fn, bs)
         out["eval_s"] = time.perf_counter() - tick
+        return out
+
+    def _ranking(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict:
+        """HR@k, NDCG@k and AUC for leave-one-out recommendation test sets (MovieLens)."""
+        logits = self.model.predict(point, x, self.cfg.eval.batch_size)
+        scores = (logits[:, 1] - logits[:, 0]).numpy()
+        out = {}
+        for k in (5, 10):
+            out.update(rec_metrics(scores, y.numpy(), self.handle.eval_group, k=k))
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:

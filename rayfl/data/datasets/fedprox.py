@@ -31,7 +31,8 @@ def load(cfg, seed: int) -> Arrays:
     sizes = client_sizes(cfg, rng)
     tests = rng.multinomial(cfg.test_samples, sizes / sizes.sum())
     sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of the covariance diagonal
-    out = {k: [] for k in ("xtr", "ytr", "xte", "yte")}
+    out = {part: (np.empty((int(k.sum()), d), dtype=np.float32), np.empty(int(k.sum()), np.int64),
+                  np.r_[0, np.cumsum(k)]) for part, k in (("tr", sizes), ("te", tests))}
     for lo in range(0, n, BLOCK):
         hi = min(lo + BLOCK, n)
         r = np.random.default_rng([seed, 0xFED9, lo])
@@ -40,11 +41,12 @@ def load(cfg, seed: int) -> Arrays:
         b = r.normal(u[:, None], 1, (hi - lo, c))
         v = r.normal(r.normal(0, cfg.synthetic_beta, hi - lo)[:, None], 1, (hi - lo, d))
         for part, counts in (("tr", sizes[lo:hi]), ("te", tests[lo:hi])):
+            xs, ys, offsets = out[part]
             who = np.repeat(np.arange(hi - lo), counts)
             x = v[who] + r.normal(0, 1, (len(who), d)) * sd
-            y = np.argmax(np.einsum("rd,rdc->rc", x, w[who]) + b[who], axis=1)
-            out["x" + part].append(x.astype(np.float32))
-            out["y" + part].append(y.astype(np.int64))
-    cat = {k: np.concatenate(v) for k, v in out.items()}
-    return Arrays(cat["xtr"], cat["ytr"], cat["xte"], cat["yte"], input_shape=(d,),
+            xs[offsets[lo]:offsets[hi]] = x
+            ys[offsets[lo]:offsets[hi]] = np.argmax(np.einsum("rd,rdc->rc", x, w[who]) + b[who],
+                                                    axis=1)
+    (x_tr, y_tr, _), (x_te, y_te, _) = out["tr"], out["te"]
+    return Arrays(x_tr, y_tr, x_te, y_te, input_shape=(d,),
                   num_classes=c, groups=np.repeat(np.arange(n), sizes))

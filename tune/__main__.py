@@ -1,0 +1,7 @@
+"""``python -m tune STUDY.yaml``."""
+
+import sys
+
+from tune.cli import main
+
+sys.exit(main())
