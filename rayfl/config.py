@@ -184,12 +184,15 @@ def _build_algorithm(raw: Any) -> AlgorithmConfig:
 
 def from_dict(raw: dict) -> Config:
     """Validate a plain dict (as loaded from YAML) into a :class:`Config`."""
+    from rayfl.algorithms import registry
+
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
     raw = dict(raw)
     algorithm = _build_algorithm(raw.pop("algorithm", None))
-    cfg = schema.build(Config, raw)
-    return dataclasses.replace(cfg, algorithm=algorithm)
+    cfg = dataclasses.replace(schema.build(Config, raw), algorithm=algorithm)
+    registry.get(algorithm.name).check_config(algorithm.params, cfg)
+    return cfg
 
 
 def to_dict(cfg: Config) -> dict:

@@ -100,6 +100,10 @@ class Algorithm:
         self.num_clients = num_clients
         self.rounds = rounds
 
+    @classmethod
+    def check_config(cls, params: Any, cfg: Any) -> None:
+        """Rules that tie the algorithm to other config sections (raise ConfigError)."""
+
     # ----- server side -------------------------------------------------------------------
     def server_init(self, x0: Vec) -> State:
         """Initial server state; ``state["x"]`` is the global model x_0."""

@@ -107,6 +107,13 @@ class FedMIM(Algorithm):
     name = "fedmim"
     Params = FedMIMParams
 
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        if cfg.local.momentum:
+            raise ConfigError("local.momentum", cfg.local.momentum,
+                              "0 with fedmim (its inertial step m_α is the momentum; local "
+                              "momentum would amplify it by 1/(1 − momentum))")
+
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)
         self.p.check("algorithm")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rayfl import schema
+from rayfl.schema import ConfigError
 from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ServerParams, State
 
 
@@ -41,6 +42,13 @@ class FedNova(Algorithm):
 
     name = "fednova"
     Params = FedNovaParams
+
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        if params.momentum != cfg.local.momentum:
+            raise ConfigError("algorithm.momentum", params.momentum,
+                              f"the local optimiser's momentum, local.momentum = "
+                              f"{cfg.local.momentum} (a_i depends on it)")
 
     def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
         a = norm_a(steps, self.p.momentum)
