@@ -106,6 +106,9 @@ class RuntimeConfig:
                                               "actors together); the rest stays on disk", lo=0.0)
     ray_num_cpus: Optional[int] = field(None, doc="CPUs for a local Ray (default: the machine's)",
                                         lo=1)
+    ray_num_gpus: Optional[int] = field(None, doc="GPUs a local Ray declares (default: those "
+                                                    "detected; a logical count works without "
+                                                    "one)", lo=0)
     dashboard: bool = field(False, doc="start the Ray dashboard with a local Ray")
 
 

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from rayfl import config as config_mod
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
+from rayfl.metrics.log import write_json
 from rayfl.models import build_for
 from rayfl.runtime import checkpoint
 
@@ -54,7 +55,8 @@ def _ensure_ray(cfg: Config) -> None:
         else:
             needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
             cpus = rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
-            ray.init(address="local", num_cpus=cpus, include_dashboard=rt.dashboard,
+            ray.init(address="local", num_cpus=cpus, num_gpus=rt.ray_num_gpus,
+                     include_dashboard=rt.dashboard,
                      logging_level="WARNING", configure_logging=True)
     have = ray.cluster_resources()
     cpu_need = rt.num_actors * rt.cpus_per_actor
@@ -82,7 +84,8 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     state_root = os.path.join(run_dir, "state")
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
               .remote(cfg, handle, state_root, budget) for n in names]
-    ray.get([a.ready.remote() for a in actors])
+    placement = ray.get([a.ready.remote() for a in actors])
+    write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     server = ServerActor.options(name=f"rayfl/{tag}/server").remote(
         cfg, handle, run_dir, names, resume)
     return server, actors

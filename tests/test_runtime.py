@@ -52,6 +52,20 @@ def test_same_bytes_for_1_2_and_4_actors(ray_local, tiny):
     assert len(hashes) == 1
 
 
+def test_fractional_gpus_pack_four_actors_on_one_gpu(tmp_path):
+    """Logical GPU (no CUDA here): four actors at 0.25 GPU share GPU 0 and fall back to CPU."""
+    proc = _rayfl("run", TINY, f"data.cache_dir={tmp_path / 'cache'}", "rounds=1",
+                  "runtime.num_actors=4", "runtime.cpus_per_actor=0.5",
+                  "runtime.gpus_per_actor=0.25", "runtime.ray_num_gpus=1", "runtime.ray_num_cpus=2",
+                  "--quiet", f"--run-dir={tmp_path / 'run'}")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    placement = json.load(open(tmp_path / "run" / "actors.json"))
+    assert sorted(placement) == [f"rayfl/run/client-{i}" for i in range(4)]
+    assert all(p["gpu_ids"] == ["0"] for p in placement.values())
+    assert {p["device"] for p in placement.values()} == {"cpu"}
+
+
 def _rayfl(*args, env=None):
     return subprocess.Popen([sys.executable, "-m", "rayfl", *args], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -19,6 +19,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rayfl.config import Config
 
+STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before its group goes
+
 
 @ray.remote(num_cpus=0, max_retries=0)
 def _run(raw: dict, run_dir: str) -> dict:
@@ -62,8 +64,10 @@ class TrialRun:
         return ray.get(self.ref)
 
     def stop(self) -> None:
-        """End the run now: cancel its task and free its group (its actors die with it)."""
+        """End the run now: cancel its task (which kills the run's actors as it unwinds), then
+        free its group, which ends whatever is left in it."""
         ray.cancel(self.ref)
+        ray.wait([self.ref], timeout=STOP_WAIT_S)
         remove_placement_group(self.pg)
 
     def release(self) -> None:

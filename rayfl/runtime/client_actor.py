@@ -61,8 +61,11 @@ class ClientWorker:
         self.loss_fn = nn.CrossEntropyLoss()
 
     def ready(self) -> dict:
-        """Device and thread facts (also forces construction before round 0)."""
-        return {"device": str(self.device), "threads": torch.get_num_threads(), "pid": os.getpid()}
+        """Where this actor landed: node, GPUs Ray assigned, torch device and threads."""
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "pid": os.getpid(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
+                "threads": torch.get_num_threads()}
 
     def _grad_fn(self, x: torch.Tensor, y: torch.Tensor):
         model, loss_fn = self.model, self.loss_fn
