@@ -125,12 +125,17 @@ def progress_line(info: dict) -> str:
     return " | ".join(parts)
 
 
-def _execute(cfg: Config, run_dir: str, resume: bool, quiet: bool, max_rounds: int | None,
-             on_round) -> RunResult:
+def _prepare(cfg: Config):
+    """The partition store, checked against the model, before anything else starts."""
+    handle = prepare(cfg.data, cfg.seed)
+    build_for(cfg.model, handle)
+    return handle
+
+
+def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
+             max_rounds: int | None, on_round) -> RunResult:
     import ray
 
-    handle = prepare(cfg.data, cfg.seed)
-    build_for(cfg.model, handle)  # a model that cannot read this data fails before Ray starts
     _ensure_ray(cfg)
     server, actors = _start(cfg, handle, run_dir, resume)
     try:
@@ -169,17 +174,14 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     accuracy when evaluated, round_s); returning True pauses the run after that round.
     """
     cfg = config_mod.load(source, overrides)
-    if cfg.data.dataset == "fmnist":
-        from rayfl.data.datasets import fmnist
-
-        fmnist.check_files(cfg.data.root)
+    handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
     run_dir = run_dir or new_run_dir(cfg)
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
         raise ConfigError("--run-dir", run_dir, "a new or empty directory (it holds a run; use "
                           "`rayfl resume` to continue it)")
     os.makedirs(run_dir, exist_ok=True)
     config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
-    return _execute(cfg, run_dir, False, quiet, max_rounds, on_round)
+    return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
 
 
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
@@ -189,4 +191,5 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
     cfg = config_mod.load(path)
-    return _execute(cfg, run_dir, checkpoint.exists(run_dir), quiet, max_rounds, on_round)
+    return _execute(cfg, _prepare(cfg), run_dir, checkpoint.exists(run_dir), quiet, max_rounds,
+                    on_round)

@@ -61,16 +61,14 @@ def _write_best(setup: StudySetup, best: FrozenTrial) -> dict:
                 f"= {best.value:.6g}\n# rayfl run {path}\n")
         yaml.safe_dump(config_mod.to_dict(cfg), f, sort_keys=False)
     os.replace(path + ".tmp", path)
+    out = {"number": best.number, "value": best.value, "values": values,
+           "test_accuracy": best.user_attrs.get("test_accuracy")}
     run_summary = os.path.join(best.user_attrs.get("run_dir", ""), "summary.json")
-    test_last_k = None
-    if os.path.isfile(run_summary):
+    if os.path.isfile(run_summary):  # the run's own mean of its last eval.last_k test accuracies
         with open(run_summary) as f:
-            test_last_k = next((v for k, v in json.load(f).items() if k.startswith("mean_last_")),
-                               None)
-    return {"number": best.number, "value": best.value, "values": values,
-            "test_accuracy": best.user_attrs.get("test_accuracy"),
-            "test_accuracy_mean_last_k": test_last_k, "run_dir": best.user_attrs.get("run_dir"),
-            "config": path}
+            out.update({f"test_{k}": v for k, v in json.load(f).items()
+                        if k.startswith("mean_last_")})
+    return {**out, "run_dir": best.user_attrs.get("run_dir"), "config": path}
 
 
 def plots(study: optuna.Study, out_dir: str) -> dict[str, str]:

@@ -129,11 +129,13 @@ class StudySpec:
 
 @dataclass(frozen=True)
 class StudySetup:
-    """A validated study: its spec, the resolved base run config and the search space."""
+    """A validated study: its spec, the base run config (as written, with the spec's overrides,
+    and resolved with every default) and the search space."""
 
     spec: StudySpec
     name: str
     dir: str
+    base_raw: dict
     base: dict
     params: dict[str, space_mod.Param]
     enqueued: list[dict]
@@ -161,7 +163,8 @@ def build(raw: dict, study_path: str | None = None) -> StudySetup:
     params = space_mod.resolve(spec.presets, spec.space, base)
     enqueued = [space_mod.internal_params(params, entry, f"enqueue[{i}]")
                 for i, entry in enumerate(spec.enqueue)]
-    return StudySetup(spec, name, spec.dir or os.path.join("studies", name), base, params, enqueued)
+    return StudySetup(spec, name, spec.dir or os.path.join("studies", name), base_raw, base,
+                      params, enqueued)
 
 
 def load(path: str, overrides: list[str] | None = None) -> StudySetup:

@@ -65,7 +65,7 @@ def _pruner(setup: StudySetup) -> optuna.pruners.BasePruner:
 
 def _record(setup: StudySetup) -> dict:
     s = setup.spec
-    rec = {"name": setup.name, "base": setup.base,
+    rec = {"name": setup.name, "base": setup.base_raw,  # as written: new rayfl keys don't count
            "space": {k: to_dict(p) for k, p in setup.params.items()},
            "objective": to_dict(s.objective), "sampler": to_dict(s.sampler),
            "pruner": to_dict(s.pruner)}

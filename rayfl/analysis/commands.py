@@ -1,8 +1,9 @@
 """``rayfl analyze interpolate | plane | decompose | drift | regimes``: arguments and outputs.
 
-Each command reads a run directory and writes PNG figures, Parquet tables and a JSON summary
-into ``<run_dir>/analysis/`` (or ``--out``), and prints the headline numbers. Heavy imports
-happen inside the commands, so building the ``rayfl`` parser stays cheap.
+Each command but ``regimes`` reads a run directory and writes PNG figures, Parquet tables and
+a JSON summary into ``<run_dir>/analysis/`` (or ``--out``), and prints the summary; ``regimes``
+runs a config under each data regime and writes the comparison into its experiment directory.
+Heavy imports happen inside the commands, so building the ``rayfl`` parser stays cheap.
 """
 
 from __future__ import annotations

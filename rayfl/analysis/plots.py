@@ -71,23 +71,23 @@ def plot_planes(results: list, path: str) -> None:
 def plot_decomposition(rows: list[dict], curves: list[dict], path: str) -> None:
     """Theorem 1's bias terms and locality over kept rounds, and error against #models."""
     fig, axes = _panels(3)
-    t = [r["round"] + 1 for r in rows]
+    t = [r["round"] for r in rows]
     ax = axes[0, 0]
     for key in ("train_bias", "heter_bias", "bias", "fma_mse"):
         ax.plot(t, [r[key] for r in rows], "o-", ms=3, label=key)
-    ax.set_xlabel("round")
+    ax.set_xlabel("kept round (0-based)")
     ax.set_ylabel("MSE (one-hot) on the cohort's data")
     ax.legend(fontsize=7)
     ax = axes[0, 1]
     for key in ("locality", "locality_global"):
         ax.plot(t, [r[key] for r in rows], "o-", ms=3, label=key)
-    ax.set_xlabel("round")
+    ax.set_xlabel("kept round (0-based)")
     ax.set_ylabel("max_k ‖w_k − w‖₂")
     ax.legend(fontsize=7)
     ax = axes[0, 2]
     for r in rows:
         pts = [(c["models"], c["error"]) for c in curves if c["round"] == r["round"]]
-        ax.plot(*zip(*pts), "o-", ms=3, label=f"round {r['round'] + 1}")
+        ax.plot(*zip(*pts), "o-", ms=3, label=f"round {r['round']}")
     ax.set_xlabel("client models averaged")
     ax.set_ylabel("test error of their average")
     ax.legend(fontsize=7)
