@@ -39,6 +39,7 @@ class _Live:
     trial: optuna.Trial
     run: TrialRun | None
     values: dict[str, Any]
+    rounds: int = 0
     error: str | None = None
     evals: list[tuple[int, float]] = field(default_factory=list)
 
@@ -142,6 +143,7 @@ def _launch(setup: StudySetup, study: optuna.Study) -> _Live:
         trial.set_user_attr("heartbeat", time.time())
         raw = space.apply(setup.base, lv.values)
         raw["name"] = tag
+        lv.rounds = raw["rounds"]
         try:
             cfg = config_mod.from_dict(raw)
         except ConfigError as e:
@@ -173,7 +175,7 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
                            reason=f"diverged: {obj.metric} = {m} after round {n}")
         lv.evals.append((n, m))
         trial.report(obj.value(lv.evals), n)
-        if not ended and trial.should_prune():
+        if not ended and n < lv.rounds and trial.should_prune():  # the last round completes
             lv.run.stop()
             return _finish(study, trial, TrialState.PRUNED,
                            reason=f"pruned after round {n} ({obj.metric} = {m:.4g})")
