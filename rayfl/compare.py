@@ -3,8 +3,9 @@
 Each entry of ``--algorithms`` is an algorithm name, optionally with ``+ima`` (IMA with the
 config's ``ima`` settings, or its defaults). Every run keeps the base config but its
 ``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults —
-except where an algorithm is tied to the local optimiser: fednova gets
-``algorithm.momentum = local.momentum`` and fedmim runs with ``local.momentum = 0``.
+except fedmim, whose inertial step is the momentum: it runs plain SGD (``local.momentum = 0``) at
+the same effective step size, ``local.lr / (1 − local.momentum)`` (0.01 at momentum 0.9 → 0.1, the
+FedMIM paper's η_0).
 Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
 wall time) and ``accuracy.png`` into the comparison directory.
 """
@@ -27,10 +28,9 @@ def variant(base: dict, entry: str) -> dict:
         raise ConfigError("--algorithms", entry, "NAME or NAME+ima")
     raw = dict(base)
     raw["algorithm"] = {"name": name}
-    if name == "fednova":  # its normaliser a_i must know the local momentum
-        raw["algorithm"]["momentum"] = base["local"]["momentum"]
-    if name == "fedmim" and base["local"]["momentum"]:  # its inertial step replaces momentum
-        raw["local"] = {**base["local"], "momentum": 0.0}
+    rho = base["local"]["momentum"]
+    if name == "fedmim" and rho:  # its inertial step replaces momentum: same effective step
+        raw["local"] = {**base["local"], "momentum": 0.0, "lr": base["local"]["lr"] / (1 - rho)}
     if extra == "ima":
         raw["ima"] = base.get("ima") or {}
     else:

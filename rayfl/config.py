@@ -84,8 +84,9 @@ class LocalConfig:
 class AggregationConfig:
     """How client updates are weighted."""
 
-    weighting: Literal["samples", "uniform", "degree"] = field(
-        "samples", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi)")
+    weighting: Literal["auto", "samples", "uniform", "degree"] = field(
+        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi); auto: "
+                    "the algorithm's paper (uniform for adabest and fedmim, else samples)")
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             try:
                 return _coerce(a, value, key)
             except ConfigError:
+                if dataclasses.is_dataclass(a) and isinstance(value, dict):
+                    raise  # a mapping for a section: the section's own error says what is wrong
                 continue
         raise ConfigError(key, value, _describe(tp))
     if origin is Literal:

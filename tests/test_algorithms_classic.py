@@ -37,13 +37,15 @@ CLIENTS = [quadratic_client(A[i], B[i]) for i in range(N)]
 SPEC = LocalSpec(steps=K, batch_size=1)
 
 
-def make(name: str, weighting: str = "uniform", num_clients: int = N, **params):
+def make(name: str, weighting: str = "uniform", num_clients: int = N, local_momentum=0.0,
+         **params):
     cls = registry.get(name)
-    return cls(cls.Params(**params), weighting=weighting, num_clients=num_clients)
+    return cls(cls.Params(**params), weighting=weighting, num_clients=num_clients,
+               local_momentum=local_momentum)
 
 
 def run(name: str, rounds: int, clients=CLIENTS, spec=SPEC, weighting="uniform", **params):
-    algo = make(name, weighting, len(clients), **params)
+    algo = make(name, weighting, len(clients), spec.momentum, **params)
     state, hist, cstates = simulate(algo, X0, clients, spec, rounds, ETA)
     return algo, state, hist, cstates
 
@@ -320,7 +322,7 @@ def test_fednova_momentum_normaliser():
     zeros = torch.zeros(D, dtype=F64)
     clients = [quadratic_client(zeros, B[i], n=steps[i]) for i in range(N)]  # f_i = −b_iᵀx
     spec = LocalSpec(epochs=1, batch_size=1, momentum=rho)
-    _, st, _, _ = run("fednova", 1, clients=clients, spec=spec, momentum=rho)
+    _, st, _, _ = run("fednova", 1, clients=clients, spec=spec)
     # ‖a_i‖₁ by brute force: step k applies Σ_{j≤k} ρ^{k−j} to gradient j
     a = [sum(rho ** (k - j) for k in range(kk) for j in range(k + 1)) for kk in steps]
     tau_eff = sum(a) / N
@@ -329,6 +331,26 @@ def test_fednova_momentum_normaliser():
 
 
 # ----- SCAFFOLD with partial participation -------------------------------------------------------
+
+def test_scaffold_control_variate_is_the_gradient_under_momentum():
+    """Constant gradients g_i = −b_i: option II's c_i⁺ must be g_i whatever the local momentum."""
+    zeros = torch.zeros(D, dtype=F64)
+    clients = [quadratic_client(zeros, B[i]) for i in range(N)]  # f_i = −b_iᵀx
+    for rho in (0.0, 0.5, 0.9):
+        _, _, _, cstates = run("scaffold", 1, clients=clients,
+                               spec=LocalSpec(steps=K, batch_size=1, momentum=rho))
+        for i in range(N):
+            assert torch.allclose(cstates[i]["c"], -B[i], atol=1e-12), rho
+
+
+def test_scaffold_reaches_optimum_with_local_momentum():
+    """Normalising by K_i instead of ‖a_i‖₁ makes this run diverge (≈1e103 after 400 rounds)."""
+    spec = LocalSpec(steps=K, batch_size=1, momentum=0.9)
+    _, state, _, _ = run("scaffold", 400, spec=spec)
+    assert (state["x"] - X_STAR).norm() < 1e-9
+    _, fedavg, _, _ = run("fedavg", 400, spec=spec)
+    assert (fedavg["x"] - X_STAR).norm() > 0.1
+
 
 def test_scaffold_server_control_uses_returned_count():
     algo = make("scaffold", num_clients=4)
@@ -393,7 +415,7 @@ def test_params_documented(name):
     ("fedadam", "beta2", 1.0),
     ("fedyogi", "tau", 0.0),
     ("fedadagrad", "beta1", -0.5),
-    ("fednova", "momentum", 1.0),
+    ("fednova", "server_lr", 0.0),
     ("adabest", "beta", 1.5),
     ("adabest", "mu", -1.0),
     ("fedeve", "server_lr", -1.0),

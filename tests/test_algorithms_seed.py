@@ -117,6 +117,22 @@ def test_fedmim_one_step_matches_algorithm1():
     assert torch.allclose(step, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_fedmim_inertia_is_sum_alpha_times_last_move_with_unequal_steps():
+    """Clients of 2..40 samples (K_i = n_i), sample weighting: with zero gradients the next round
+    moves Σα = 0.9 times the last global move — not more, which would diverge."""
+    sizes = [2, 5, 9, 40]
+    algo = mim([0.9], [0.0], weighting="samples", n=len(sizes))
+    spec = LocalSpec(epochs=1, batch_size=1)
+    kw = dict(rounds=1, lr0=0.01)
+    st, _, _ = simulate(algo, x0(), make_clients(4, sizes=sizes), spec, **kw)
+    flat = [quadratic_client(torch.zeros(D, dtype=DT), torch.zeros(D, dtype=DT), n=n)
+            for n in sizes]  # f_i = 0
+    st2, _, _ = simulate(algo, x0(), flat, spec, state=st, start_round=1, **kw)
+    last_move = x0() - st["x"]
+    assert last_move.norm() > 0.1
+    assert torch.allclose(st["x"] - st2["x"], 0.9 * last_move, rtol=1e-12, atol=1e-14)
+
+
 def test_fedmim_participation_equals_broadcast_under_full_participation():
     clients = make_clients()
     kw = dict(rounds=6, lr0=0.05, lr_decay=0.98)

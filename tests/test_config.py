@@ -56,6 +56,12 @@ def test_overrides_are_typed_and_round_trip():
     assert config.from_dict(config.to_dict(cfg)) == cfg
 
 
+def test_error_inside_an_optional_section_names_the_nested_key():
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, ["ima.window=0"])
+    assert err.value.key == "ima.window" and "[1, inf]" in str(err.value)
+
+
 def test_config_readme_is_the_generated_reference():
     from rayfl.docs import HEADER, config_reference
     from tests.conftest import ROOT
@@ -75,3 +81,13 @@ def test_every_key_has_a_doc():
         rows += describe_fields(registry.get(name).Params, f"algorithm[{name}]")
     undocumented = [key for key, _, _, doc in rows if not doc]
     assert not undocumented
+
+
+@pytest.mark.parametrize("name, weighting, expected", [
+    ("fedavg", "auto", "samples"), ("adabest", "auto", "uniform"), ("fedmim", "auto", "uniform"),
+    ("adabest", "samples", "samples"), ("scaffold", "uniform", "uniform")])
+def test_auto_weighting_is_the_papers_choice(name, weighting, expected):
+    from rayfl.algorithms import build
+
+    cfg = config.load(TINY, [f"algorithm.name={name}", f"aggregation.weighting={weighting}"])
+    assert build(cfg, num_clients=20).weighting == expected

@@ -97,3 +97,22 @@ def test_resume_after_sigkill_gives_same_bytes(tmp_path):
     assert s_res["model_sha256"] == s_full["model_sha256"]
     assert pq.read_table(killed_dir / "metrics.parquet").column("round").to_pylist() == list(
         range(14))
+
+
+def test_compare_runs_each_algorithm_on_the_same_setting(ray_local, tiny):
+    import yaml
+
+    from rayfl.compare import compare
+
+    over = tiny + ["rounds=2", "local.momentum=0.5"]
+    out, rows = compare(TINY, ["fedavg", "fedmim", "fedavg+ima"], over, quiet=True)
+    assert [r["algorithm"] for r in rows] == ["fedavg", "fedmim", "fedavg+ima"]
+    assert {"comparison.md", "comparison.parquet", "accuracy.png"} <= set(os.listdir(out))
+    table = open(os.path.join(out, "comparison.md")).read()
+    assert all(f"| {r['algorithm']} |" in table for r in rows)
+    # fedmim swaps momentum ρ for plain SGD at the same effective step η/(1 − ρ)
+    mim = yaml.safe_load(open(os.path.join(out, "fedmim", "config.yaml")))
+    assert (mim["local"]["momentum"], mim["local"]["lr"]) == (0.0, 0.2)
+    # each entry is exactly the run its config describes
+    alone = rayfl.run(TINY, over, quiet=True)
+    assert rows[0]["model_sha256"] == alone.summary["model_sha256"]

@@ -10,8 +10,13 @@ def build(cfg, num_clients: int) -> Algorithm:
     from rayfl.algorithms import registry
 
     cls = registry.get(cfg.algorithm.name)
-    algo = cls(cfg.algorithm.params, weighting=cfg.aggregation.weighting,
-               num_clients=num_clients, rounds=cfg.rounds)
+    # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
+    momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
+    weighting = cfg.aggregation.weighting
+    if weighting == "auto":
+        weighting = cls.paper_weighting
+    algo = cls(cfg.algorithm.params, weighting=weighting,
+               num_clients=num_clients, rounds=cfg.rounds, local_momentum=momentum)
     if cfg.ima is not None:
         from rayfl.algorithms.ima import wrap_ima
 

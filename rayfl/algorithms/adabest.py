@@ -44,6 +44,7 @@ class AdaBest(Algorithm):
 
     name = "adabest"
     Params = AdaBestParams
+    paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
     client_state_keys = ("h", "t_last")
 
     def server_init(self, x0: Vec) -> State:

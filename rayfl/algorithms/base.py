@@ -89,16 +89,32 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type] = ServerParams
+    #: what ``aggregation.weighting: auto`` means for this algorithm (its paper's choice)
+    paper_weighting: ClassVar[str] = "samples"
     #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
     client_state_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
-                 rounds: int = 1):
+                 rounds: int = 1, local_momentum: float = 0.0):
         self.p = params if params is not None else self.Params()
         self.server_lr = self.p.server_lr
         self.weighting = weighting
         self.num_clients = num_clients
         self.rounds = rounds
+        self.local_momentum = local_momentum  # ρ of local heavy-ball SGD (0: plain SGD)
+
+    def effective_steps(self, steps: int) -> float:
+        """‖a_i‖₁: the total weight ``steps`` local directions receive under momentum ρ.
+
+        Heavy-ball SGD (buf ← ρ buf + d; y ← y − η_l buf) moves y by η_l Σ_j a_j d_j with
+        a_j = (1 − ρ^{K−j+1}) / (1 − ρ), so ‖a‖₁ = [K − ρ (1 − ρ^K) / (1 − ρ)] / (1 − ρ); it is K
+        for plain SGD. (x_t − y) / (η_l ‖a‖₁) is then the a-weighted mean local direction, the
+        quantity SCAFFOLD's option II and FedNova's d_i estimate.
+        """
+        rho = self.local_momentum
+        if rho == 0.0:
+            return float(steps)
+        return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
 
     @classmethod
     def check_config(cls, params: Any, cfg: Any) -> None:

@@ -11,8 +11,12 @@ above). The server is FedAvg (paper: uniform weights, η_g = 1). FedCM is J = 1,
 
 K: the server cannot know each client's K_i, and :meth:`client_begin` is called before the
 client trains, so K is the mean number of local steps the clients ran in the round that produced
-the increment (``agg.steps_sum / agg.count``) — the per-local-step size of that global move. With
-equal K_i (the paper's balanced clients) this is the paper's K exactly.
+the increment, weighted like the average: K = Σ p_i K_i (payload ``wk`` = Σ w_i K_i). A client
+running K_i steps adds K_i m_α to its update, so the average adds Σ p_i K_i m_α — with this K
+exactly Σα times the previous global move, whatever the spread of K_i. (The unweighted mean would
+scale that by Σ p_i K_i / mean K_i, > 1 when large clients carry more weight: with Σα = 0.9 and
+sample weighting on a Dirichlet(0.1) split the inertia then exceeds 1 and training diverges.)
+With equal K_i (the paper's balanced clients) both are the paper's K.
 
 History (``history``):
 - ``broadcast`` (default, the paper's Algorithm 1: every client sees every global model): the
@@ -106,6 +110,7 @@ class FedMIM(Algorithm):
 
     name = "fedmim"
     Params = FedMIMParams
+    paper_weighting = "uniform"
 
     @classmethod
     def check_config(cls, params, cfg) -> None:
@@ -149,7 +154,7 @@ class FedMIM(Algorithm):
 
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
         new, metrics = super().server_update(state, agg, t)  # x ← x − η_g Δ̄
-        k = agg.steps_sum / agg.count if agg.count else 0.0
+        k = agg.extras["wk"] / agg.weight_sum if agg.count else 0.0  # K = Σ p_i K_i
         new["mim_k"] = torch.tensor(k if k > 0 else 1.0, dtype=torch.float64)
         if not self.per_client:
             delta = ((state["x"] - new["x"]) / float(k) if k > 0
@@ -177,12 +182,13 @@ class FedMIM(Algorithm):
         return _MIMRule(m_a, m_b, self.scale)
 
     def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
+        payload = {"wk": weight * steps}
         if not self.per_client:
-            return ClientResult({}, None)
+            return ClientResult(payload, None)
         deltas = self._client_deltas(bc, cstate, t)
         x = bc["x"]
         new = {"mim_x": x.clone(), "mim_t": torch.tensor([float(t)], dtype=torch.float64)}
         for j in range(1, self.J):  # keep the J − 1 newest increments for the next visit
             d = deltas[j - 1]
             new[f"mim_d{j}"] = d.clone() if d is not None else torch.zeros_like(x)
-        return ClientResult({}, new)
+        return ClientResult(payload, new)

@@ -4,9 +4,8 @@ Federated Optimization").
 Clients run plain local SGD; client i's update is normalised by ‖a_i‖₁, the sum of the weights
 its K_i local gradients received:
     a_i = K_i                                         (plain SGD)
-    a_i = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ)   (heavy-ball momentum ρ, buf ← ρ buf + g)
+    a_i = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ)   (heavy-ball momentum ρ = local.momentum)
     d_i = Δ_i / a_i;   τ_eff = Σ p_i a_i;   x ← x − η_g τ_eff Σ p_i d_i
-The algorithm cannot see the local optimiser: ``momentum`` must equal ``local.momentum``.
 Payload: Σ w_i a_i (``wa``) and Σ w_i Δ_i / a_i (``wd``).
 """
 
@@ -16,25 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl import schema
-from rayfl.schema import ConfigError
 from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ServerParams, State
 
 
 @dataclass(frozen=True)
 class FedNovaParams(ServerParams):
-    """FedNova hyper-parameters."""
-
-    momentum: float = schema.field(
-        0.0, doc="local SGD momentum ρ used to compute a_i; must equal local.momentum",
-        lo=0.0, hi=1.0, hi_open=True)
-
-
-def norm_a(steps: int, rho: float) -> float:
-    """‖a_i‖₁ for ``steps`` local steps of SGD with heavy-ball momentum ρ."""
-    if rho == 0.0:
-        return float(steps)
-    return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
+    """FedNova hyper-parameters (only η_g; ρ is the local optimiser's ``local.momentum``)."""
 
 
 class FedNova(Algorithm):
@@ -43,15 +29,8 @@ class FedNova(Algorithm):
     name = "fednova"
     Params = FedNovaParams
 
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        if params.momentum != cfg.local.momentum:
-            raise ConfigError("algorithm.momentum", params.momentum,
-                              f"the local optimiser's momentum, local.momentum = "
-                              f"{cfg.local.momentum} (a_i depends on it)")
-
     def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        a = norm_a(steps, self.p.momentum)
+        a = self.effective_steps(steps)
         delta = bc["x"] - y
         d = delta / a if a > 0 else torch.zeros_like(delta)  # d_i = Δ_i / a_i
         return ClientResult({"wa": weight * a, "wd": weight * d}, None)

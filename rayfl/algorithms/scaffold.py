@@ -7,6 +7,11 @@ Client i keeps its control variate c_i (init 0); the server keeps c (init 0) and
     server:      x ← x − η_g Δ̄;   c ← c + (|S_t|/N) · mean_{S_t}(Δc_i)
 |S_t| counts the clients that actually returned (``agg.count``), so c stays the mean of all N
 client variates (absent clients count with their stored c_i).
+
+Local momentum ρ (``local.momentum``): heavy-ball SGD moves y by η_l Σ_j a_j d_j, not η_l Σ_j d_j,
+so K_i is replaced by ‖a_i‖₁ = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ) (FedNova's normaliser;
+K_i at ρ = 0). Dividing by K_i instead would inflate c_i by up to 1/(1 − ρ) every round, and the
+corrected local steps, momentum-amplified again, diverge.
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ class Scaffold(Algorithm):
         c_i = self._ci(bc, cstate)
         if steps == 0:  # nothing trained: no new information about ∇f_i
             return ClientResult({"dc": torch.zeros_like(c_i)}, {"c": c_i})
-        c_new = c_i - bc["c"] + (bc["x"] - y) / (steps * lr)  # c_i⁺ (option II)
+        c_new = c_i - bc["c"] + (bc["x"] - y) / (self.effective_steps(steps) * lr)  # c_i⁺
         return ClientResult({"dc": c_new - c_i}, {"c": c_new})
 
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
