@@ -2,9 +2,11 @@
 
 Both sides train the same sampled clients, on the same data, with the same local steps, on the
 same total thread count (rayfl: 2 single-thread actors; plain: one process with 2 threads).
-Prints the steady-state per-round time ratio rayfl / plain, Ray start-up seconds and peak RSS.
+Prints the steady-state per-round time ratio rayfl / plain, the share of a rayfl round that is
+local training itself (the rest is sampling, dispatch, aggregation and checkpointing), Ray
+start-up seconds and peak RSS.
 
-    python benchmarks/bench_round.py [rounds=12] [key=value overrides...]
+    python benchmarks/bench_round.py [rounds=20] [key=value overrides...]
 """
 
 from __future__ import annotations
@@ -82,15 +84,18 @@ def rayfl_round_times(cfg) -> tuple[list[float], float]:
     ray.shutdown()
     rows = result.metrics.to_pylist()
     elapsed = [r["elapsed_s"] for r in rows]
-    return [b - a for a, b in zip(elapsed, elapsed[1:])], startup
+    gaps = [b - a for a, b in zip(elapsed, elapsed[1:])]
+    # the share of each round the slowest actor spent training clients (1.0: no overhead at all)
+    busy = [r["actor_train_s_max"] / g for r, g in zip(rows[1:], gaps)]
+    return gaps, busy, startup
 
 
 def main(argv: list[str]) -> None:
-    overrides = ["rounds=12", f"eval.every={10**6}", "checkpoint.every=1", *argv]
+    overrides = ["rounds=20", f"eval.every={10**6}", "checkpoint.every=1", *argv]
     cfg = config.load(BASE, overrides)
     # the last round evaluates; keep it out of the steady state
-    rf, startup = rayfl_round_times(cfg)
-    rf = rf[WARMUP - 1:-1]
+    rf, busy, startup = rayfl_round_times(cfg)
+    rf, busy = rf[WARMUP - 1:-1], busy[WARMUP - 1:-1]
     pl = plain_round_times(cfg)[WARMUP:-1]
     r_med, p_med = statistics.median(rf), statistics.median(pl)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -100,6 +105,8 @@ def main(argv: list[str]) -> None:
     print(f"plain PyTorch loop (floor): {p_med:.3f} s/round (median of {len(pl)})")
     print(f"rayfl:                      {r_med:.3f} s/round (median of {len(rf)})")
     print(f"ratio rayfl / plain:        {r_med / p_med:.3f}")
+    print(f"local training share:       {statistics.median(busy):.3f} of each rayfl round "
+          f"(slowest actor's training seconds / round seconds, median)")
     print(f"ray start-up:               {startup:.2f} s")
     print(f"peak RSS (driver process):  {peak_mb:.0f} MiB")
 
