@@ -56,7 +56,7 @@ def agg_of(deltas, weights, num_clients=10, extras=None) -> Aggregate:
     dk = torch.stack(deltas)
     return Aggregate(count=len(deltas), num_sampled=len(deltas), num_clients=num_clients,
                      weight_sum=float(w.sum()), delta_mean=(w[:, None] * dk).sum(0) / w.sum(),
-                     delta_sum=dk.sum(0), delta_sq_sum=float((dk * dk).sum()), steps_sum=0,
+                     delta_sum=dk.sum(0), delta_sq_sum=float((dk * dk).sum()),
                      extras=extras or {})
 
 

@@ -80,7 +80,6 @@ class Aggregate:
     delta_mean: Vec  # Δ̄ (weighted)
     delta_sum: Vec  # Σ Δ_i (unweighted)
     delta_sq_sum: float  # Σ ‖Δ_i‖²
-    steps_sum: int  # Σ K_i
     extras: dict[str, Any]
 
 

@@ -83,11 +83,11 @@ class PartialSum:
         """The round's :class:`Aggregate` (zero update when no client completed)."""
         if self.count == 0 or self.weight_sum <= 0:
             zero = torch.zeros(dim, dtype=dtype)
-            return Aggregate(0, num_sampled, num_clients, 0.0, zero, zero.clone(), 0.0, 0, {})
+            return Aggregate(0, num_sampled, num_clients, 0.0, zero, zero.clone(), 0.0, {})
         return Aggregate(
             count=self.count, num_sampled=num_sampled, num_clients=num_clients,
             weight_sum=self.weight_sum, delta_mean=self.delta_w / self.weight_sum,
-            delta_sum=self.delta, delta_sq_sum=self.delta_sq, steps_sum=self.steps,
+            delta_sum=self.delta, delta_sq_sum=self.delta_sq,
             extras=dict(self.extras))
 
 
