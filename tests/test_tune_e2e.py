@@ -30,11 +30,12 @@ class _Interrupt:
 def test_small_study_prunes_resumes_and_yields_a_runnable_best_config(ray_local, tmp_path):
     raw = {
         "name": "tiny", "base": TINY, "dir": str(tmp_path / "study"),
-        "overrides": ["algorithm.name=fedmim", "rounds=3", "runtime.num_actors=1",
-                      "data.validation_clients=4", f"data.cache_dir={tmp_path / 'cache'}",
+        "overrides": ["algorithm.name=fedmim", "rounds=3", "local.epochs=3",
+                      "runtime.num_actors=1", "data.validation_clients=4", f"data.cache_dir={tmp_path / 'cache'}",
                       f"output_dir={tmp_path / 'runs'}"],
         "presets": ["fedmim"], "space": {"local.lr": {"low": 1e-4, "high": 0.5, "log": True}},
-        # two good trials first; the third barely moves the model, so the median prunes it
+        # two good trials first (3 epochs: clearly above the initial model from round 0 on);
+        # the third barely moves the model, so the median prunes it whichever good one finished
         "enqueue": [{"local.lr": 0.2}, {"local.lr": 0.1}, {"local.lr": 1e-4}],
         "trials": 3, "parallel": 2, "pruner": {"startup_trials": 1},
     }
