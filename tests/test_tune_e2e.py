@@ -31,7 +31,8 @@ def test_small_study_prunes_resumes_and_yields_a_runnable_best_config(ray_local,
     raw = {
         "name": "tiny", "base": TINY, "dir": str(tmp_path / "study"),
         "overrides": ["algorithm.name=fedmim", "rounds=3", "local.epochs=3",
-                      "runtime.num_actors=1", "data.validation_clients=4", f"data.cache_dir={tmp_path / 'cache'}",
+                      "runtime.num_actors=1", "data.validation_clients=4",
+                      f"data.cache_dir={tmp_path / 'cache'}",
                       f"output_dir={tmp_path / 'runs'}"],
         "presets": ["fedmim"], "space": {"local.lr": {"low": 1e-4, "high": 0.5, "log": True}},
         # two good trials first (3 epochs: clearly above the initial model from round 0 on);
