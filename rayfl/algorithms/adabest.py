@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
-                                   State, Vec)
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
+                                   ServerParams, State, Vec)
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,13 @@ class AdaBest(Algorithm):
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
-        if cstate is None:
-            return _BiasRule(torch.zeros_like(bc["x"]))
-        return _BiasRule(self.p.mu * cstate["h"])
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        if task.state is None:
+            return _BiasRule(torch.zeros_like(task.bc["x"]))
+        return _BiasRule(self.p.mu * task.state["h"])
 
-    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        g_i = bc["x"] - y  # g_i = x_t − y_i
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+        g_i, cstate, t = task.bc["x"] - y, task.state, task.t  # g_i = x_t − y_i
         if cstate is None:  # h_i = 0, t_i' = −1: the first term vanishes
             h = g_i
         else:

@@ -1,20 +1,29 @@
 """The algorithm interface: client step, client state, server state and server update on flat vectors.
 
 An algorithm is math, not plumbing. It sees flat parameter vectors (``torch.Tensor`` of shape
-``(d,)``) and small dicts of them; it never sees Ray, actors, files or models. The runtime:
+``(d,)``) and small dicts of them; it never sees Ray, actors, files or models. The round loop
+(:mod:`rayfl.runtime.loop`):
 
 1. calls :meth:`Algorithm.server_init` once with the initial model ``x_0``;
 2. each round ``t`` calls :meth:`broadcast` (what every sampled client receives; ``bc["x"]`` is
    the point local training starts from) and :meth:`aggregation_weights`;
-3. for each sampled client, inside a client actor: :meth:`client_begin` gives a
-   :class:`LocalRule` (where to take the gradient, how to correct it), the runtime runs the local
-   optimizer for ``K_i`` steps, then :meth:`client_end` returns the client's payload (summed by
-   the runtime across clients) and its new persistent state;
+3. for each sampled client, wherever the executor runs it: :meth:`client_begin` gives a
+   :class:`LocalRule` (where to take the gradient, how to correct it), the local optimizer runs
+   ``K_i`` steps, then :meth:`client_end` returns the client's payload (summed across clients)
+   and its new persistent state. Both see the client's round as one :class:`ClientTask`;
 4. calls :meth:`server_update` with the :class:`Aggregate` of all payloads.
 
 Every payload value is *summed* over the round's completed clients: an algorithm that wants a
-weighted mean multiplies by ``weight`` in :meth:`client_end` and divides by
+weighted mean multiplies by ``task.weight`` in :meth:`client_end` and divides by
 ``agg.weight_sum`` in :meth:`server_update`.
+
+Optional capabilities (methods an algorithm defines only when it needs them; the loop looks
+for them by name, see :func:`has`):
+
+- ``client_setup(x, y) -> Vec`` and ``server_setup(state, client_ids, summaries) -> State``: a
+  one-off per-client summary sent before round 0 (fedmsi's similarity graph);
+- ``receive_client_models(state, client_ids, models) -> State``: the round's final local models
+  (rows in ``client_ids`` order), before :meth:`server_update` (fedmsi's anchors).
 """
 
 from __future__ import annotations
@@ -26,9 +35,18 @@ from typing import Any, ClassVar
 import torch
 
 from rayfl import schema
+from rayfl.algorithms import server_opt as opt
 
 Vec = torch.Tensor
 State = dict[str, Any]
+
+#: the optional capabilities an algorithm may define (see the module docstring)
+CAPABILITIES = ("client_setup", "receive_client_models")
+
+
+def has(algorithm: Any, capability: str) -> bool:
+    """Whether ``algorithm`` defines the optional ``capability`` (one of :data:`CAPABILITIES`)."""
+    return callable(getattr(algorithm, capability, None))
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,18 @@ class LocalRule:
 
 
 PLAIN_SGD = LocalRule()
+
+
+@dataclass(frozen=True)
+class ClientTask:
+    """One client's round as the algorithm sees it: who, when, how fast, from where, with what."""
+
+    client_id: int
+    t: int  # the round (0-based)
+    lr: float  # η_l of the round
+    weight: float  # un-normalised aggregation weight p_i
+    bc: dict[str, Vec]  # the round's broadcast; bc["x"] is where local training starts
+    state: dict[str, Vec] | None  # the client's persistent state (None: it never trained)
 
 
 @dataclass
@@ -92,15 +122,21 @@ class Algorithm:
     paper_weighting: ClassVar[str] = "samples"
     #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
     client_state_keys: ClassVar[tuple[str, ...]] = ()
+    #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
+    accepts_server_opt: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
-                 rounds: int = 1, local_momentum: float = 0.0):
+                 local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):
         self.p = params if params is not None else self.Params()
         self.server_lr = self.p.server_lr
         self.weighting = weighting
         self.num_clients = num_clients
-        self.rounds = rounds
         self.local_momentum = local_momentum  # ρ of local heavy-ball SGD (0: plain SGD)
+        self.server_opt = server_opt if server_opt is not None else self.default_server_opt()
+
+    def default_server_opt(self) -> opt.ServerOpt:
+        """The server optimizer without a ``server_opt`` config: SGD with lr η_g."""
+        return opt.sgd(self.server_lr)
 
     def effective_steps(self, steps: int) -> float:
         """‖a_i‖₁: the total weight ``steps`` local directions receive under momentum ρ.
@@ -122,7 +158,7 @@ class Algorithm:
     # ----- server side -------------------------------------------------------------------
     def server_init(self, x0: Vec) -> State:
         """Initial server state; ``state["x"]`` is the global model x_0."""
-        return {"x": x0.clone()}
+        return {"x": x0.clone(), **self.server_opt.init(x0)}
 
     def broadcast(self, state: State, t: int) -> dict[str, Vec]:
         """What every sampled client of round t receives; ``"x"`` is where training starts."""
@@ -138,11 +174,16 @@ class Algorithm:
             return [1.0] * len(client_ids)
         return [float(n) for n in num_samples]
 
+    def server_step(self, state: State, direction: Vec) -> tuple[State, dict]:
+        """``state`` after x ← x − opt(direction) (the server optimizer's state updated too)."""
+        step, opt_state, metrics = self.server_opt.update(direction, state)
+        return {**state, **opt_state, "x": state["x"] - step}, metrics
+
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        """FedAvg: x ← x − η_g Δ̄. Returns the new state and the algorithm's own metrics."""
-        new = dict(state)
-        new["x"] = state["x"] - self.server_lr * agg.delta_mean
-        return new, {}
+        """FedAvg: x ← x − opt(Δ̄). Returns the new state and the algorithm's own metrics."""
+        if agg.count == 0:
+            return dict(state), {}
+        return self.server_step(state, agg.delta_mean)
 
     def deployed(self, state: State) -> Vec:
         """The model that is evaluated and reported (and saved as the final model)."""
@@ -152,34 +193,24 @@ class Algorithm:
         """Further models worth evaluating each eval round, by metric prefix (e.g. AdaBest's x_{t+1})."""
         return {}
 
+    #: what IMA averages around this algorithm: its output x (``output``), or the plain average
+    #: of the client models fed to an adaptive server optimizer (``target``)
+    @property
+    def ima_average(self) -> str:
+        return "target" if self.server_opt.adaptive else "output"
+
+    def reset_server_opt(self, state: State) -> State:
+        """``state`` with the server optimizer's state re-initialised (IMA's moment reset)."""
+        return {**state, **self.server_opt.init(state["x"])}
+
     # ----- client side -------------------------------------------------------------------
-    def client_begin(self, bc: dict[str, Vec], cstate: dict[str, Vec] | None, t: int,
-                     lr: float, client_id: int | None = None) -> LocalRule:
-        """The round's local rule for one client, given the broadcast and its state."""
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        """The round's local rule for one client."""
         return PLAIN_SGD
 
-    def client_end(self, bc: dict[str, Vec], cstate: dict[str, Vec] | None, y: Vec, steps: int,
-                   lr: float, weight: float, t: int) -> ClientResult:
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
         """Payload and new state after ``steps`` local steps ended at ``y``."""
         return ClientResult({}, None)
-
-    # ----- optional one-off set-up (fedmsi's similarity graph) ---------------------------
-    needs_setup: ClassVar[bool] = False
-
-    def client_setup(self, x, y) -> Vec | None:  # pragma: no cover - overridden where used
-        """Per-client summary sent once before round 0 (raw inputs ``x``, labels ``y``)."""
-        return None
-
-    def server_setup(self, state: State, client_ids, summaries: Vec) -> State:  # pragma: no cover
-        """Use all clients' set-up summaries (one row per client, in ``client_ids`` order)."""
-        return state
-
-    #: set when the server must keep each participant's final local model (fedmsi anchors)
-    needs_client_models: ClassVar[bool] = False
-
-    def receive_client_models(self, state: State, client_ids, models: Vec) -> State:
-        """Store the round's final local models (rows in ``client_ids`` order)."""
-        return state
 
 
 def params_of(cls: type[Algorithm]) -> list[dataclasses.Field]:

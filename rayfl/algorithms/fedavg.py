@@ -1,4 +1,5 @@
-"""FedAvg (McMahan et al., 2017): plain local SGD; the server applies x ← x − η_g Δ̄."""
+"""FedAvg (McMahan et al., 2017): plain local SGD; the server applies x ← x − η_g Δ̄ (or
+another server optimizer on Δ̄: the ``server_opt`` config section)."""
 
 from __future__ import annotations
 
@@ -9,3 +10,4 @@ class FedAvg(Algorithm):
     """Stateless clients; Δ̄ is the weighted mean of x_t − y_i. Everything is the base default."""
 
     name = "fedavg"
+    accepts_server_opt = True

@@ -1,7 +1,8 @@
 """FedAvgM — server momentum (Hsu, Qi & Brown, 2019, "Measuring the Effects of Non-Identical
 Data Distribution for Federated Visual Classification").
 
-Clients run plain local SGD (as FedAvg). Server, with Δ̄ the weighted mean pseudo-gradient:
+A preset: FedAvg with the ``momentum`` server optimizer. Clients run plain local SGD; with Δ̄ the
+weighted mean pseudo-gradient:
     m ← β m + Δ̄;   x ← x − η_g m              (heavy ball)
     x ← x − η_g (Δ̄ + β m)                     (nesterov: PyTorch's SGD(nesterov=True) form)
 """
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from rayfl import schema
-from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, State, Vec
+from rayfl.algorithms import server_opt as opt
+from rayfl.algorithms.base import ServerParams
+from rayfl.algorithms.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
@@ -24,20 +25,11 @@ class FedAvgMParams(ServerParams):
     nesterov: bool = schema.field(False, doc="Nesterov look-ahead: x ← x − η_g (Δ̄ + β m)")
 
 
-class FedAvgM(Algorithm):
+class FedAvgM(FedAvg):
     """Server state: the momentum buffer m (init 0)."""
 
     name = "fedavgm"
     Params = FedAvgMParams
 
-    def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "m": torch.zeros_like(x0)}
-
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        if agg.count == 0:
-            return state, {}
-        beta = self.p.momentum
-        m = beta * state["m"] + agg.delta_mean  # m ← β m + Δ̄
-        step = agg.delta_mean + beta * m if self.p.nesterov else m
-        new = {**state, "m": m, "x": state["x"] - self.server_lr * step}
-        return new, {"momentum_norm": float(m.norm())}
+    def default_server_opt(self) -> opt.ServerOpt:
+        return opt.momentum(self.server_lr, self.p.momentum, self.p.nesterov)

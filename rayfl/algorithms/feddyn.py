@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
-                                   State, Vec)
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
+                                   ServerParams, State, Vec)
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,20 @@ class FedDyn(Algorithm):
     name = "feddyn"
     Params = FedDynParams
     client_state_keys = ("g_hat",)
+    accepts_server_opt = True
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "h": torch.zeros_like(x0)}
 
     @staticmethod
-    def _g_hat(bc, cstate) -> Vec:
-        return cstate["g_hat"] if cstate is not None else torch.zeros_like(bc["x"])
+    def _g_hat(task: ClientTask) -> Vec:
+        return task.state["g_hat"] if task.state is not None else torch.zeros_like(task.bc["x"])
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
-        return _DynRule(bc["x"], self._g_hat(bc, cstate), self.p.alpha)
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        return _DynRule(task.bc["x"], self._g_hat(task), self.p.alpha)
 
-    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        g_hat = self._g_hat(bc, cstate) - self.p.alpha * (y - bc["x"])
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+        g_hat = self._g_hat(task) - self.p.alpha * (y - task.bc["x"])
         return ClientResult({}, {"g_hat": g_hat})
 
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
@@ -62,5 +63,5 @@ class FedDyn(Algorithm):
             return state, {}
         alpha = self.p.alpha
         h = state["h"] + (alpha / self.num_clients) * agg.delta_sum
-        x = state["x"] - self.server_lr * (agg.delta_mean + h / alpha)
-        return {**state, "x": x, "h": h}, {"h_norm": float(h.norm())}
+        new, metrics = self.server_step(state, agg.delta_mean + h / alpha)
+        return {**new, "h": h}, {**metrics, "h_norm": float(h.norm())}

@@ -173,19 +173,21 @@ class FedMIM(Algorithm):
         newest = (cstate["mim_x"] - bc["x"]) / float(k * gap) if gap > 0 else None
         return [newest] + [cstate[f"mim_d{j}"] for j in range(1, self.J)]
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        bc = task.bc
         if self.per_client:
-            deltas = self._client_deltas(bc, cstate, t)
+            deltas = self._client_deltas(bc, task.state, task.t)
             m_a, m_b = _combine(self.alpha, deltas), _combine(self.beta, deltas)
         else:
             m_a, m_b = bc.get("mim_ma"), bc.get("mim_mb")
         return _MIMRule(m_a, m_b, self.scale)
 
-    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        payload = {"wk": weight * steps}
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+        payload = {"wk": task.weight * steps}
         if not self.per_client:
             return ClientResult(payload, None)
-        deltas = self._client_deltas(bc, cstate, t)
+        bc, t = task.bc, task.t
+        deltas = self._client_deltas(bc, task.state, t)
         x = bc["x"]
         new = {"mim_x": x.clone(), "mim_t": torch.tensor([float(t)], dtype=torch.float64)}
         for j in range(1, self.J):  # keep the J − 1 newest increments for the next visit

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, LocalRule, ServerParams, State, Vec
+from rayfl.algorithms.base import Algorithm, ClientTask, LocalRule, ServerParams, State, Vec
 
 MIS_FLOOR = 1e-12
 _BLOCK_ELEMS = 1 << 24  # similarity entries per block when building the kNN graph
@@ -165,8 +165,7 @@ class FedMSI(Algorithm):
 
     name = "fedmsi"
     Params = FedMSIParams
-    needs_setup = True
-    needs_client_models = True
+    accepts_server_opt = True
 
     # ----- set-up ------------------------------------------------------------------------
     def client_setup(self, x, y) -> Vec:
@@ -251,13 +250,11 @@ class FedMSI(Algorithm):
                 bc["msi_x0"] = state["msi_x0"]
         return bc
 
-    def anchor(self, bc: dict[str, Vec], client_id: int | None) -> Vec:
+    def anchor(self, bc: dict[str, Vec], client_id: int) -> Vec:
         """u_i from the broadcast (x_0 / x_t when i has no neighbour among S_{t−1})."""
         x = bc["x"]
         if "msi_prev" not in bc:  # round 0: u_i = x_0 (= the round's x)
             return x
-        if client_id is None:
-            raise ValueError("fedmsi: client_begin needs client_id to find the client's anchor")
         rows = bc["msi_row"]
         key = torch.tensor([int(client_id)], dtype=rows.dtype, device=rows.device)
         lo = int(torch.searchsorted(rows, key))
@@ -269,8 +266,8 @@ class FedMSI(Algorithm):
         prev = bc["msi_prev"][bc["msi_col_idx"][lo:hi]]
         return (w.to(prev.dtype) @ prev) / total
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
+    def client_begin(self, task: ClientTask) -> LocalRule:
         beta = self.p.beta
         if beta == 1.0:  # FedAvg exactly
             return LocalRule()
-        return _PerturbRule(beta, self.anchor(bc, client_id))
+        return _PerturbRule(beta, self.anchor(task.bc, task.client_id))

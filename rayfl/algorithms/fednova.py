@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ServerParams, State
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, ServerParams,
+                                   State, Vec)
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,9 @@ class FedNova(Algorithm):
     name = "fednova"
     Params = FedNovaParams
 
-    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        a = self.effective_steps(steps)
-        delta = bc["x"] - y
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+        a, weight = self.effective_steps(steps), task.weight
+        delta = task.bc["x"] - y
         d = delta / a if a > 0 else torch.zeros_like(delta)  # d_i = Δ_i / a_i
         return ClientResult({"wa": weight * a, "wd": weight * d}, None)
 

@@ -1,23 +1,25 @@
 """FedAdam, FedYogi and FedAdagrad (Reddi et al., 2021, "Adaptive Federated Optimization").
 
-Clients run plain local SGD (as FedAvg). The server treats u = −Δ̄ as an ascent step:
+Presets: FedAvg with the ``adam``, ``yogi`` or ``adagrad`` server optimizer
+(:mod:`rayfl.algorithms.server_opt`). Clients run plain local SGD; the server treats u = −Δ̄ as
+an ascent step:
     m ← β1 m + (1 − β1) u
     v ← β2 v + (1 − β2) u²                       (FedAdam)
     v ← v − (1 − β2) u² sign(v − u²)             (FedYogi)
     v ← v + u²                                   (FedAdagrad)
     x ← x + η_g m / (√v + τ)
 No bias correction (as in the paper). m starts at 0 and v at v_init (the paper's Algorithm 2
-asks v_{-1} ≥ τ²; default τ²). :meth:`FedOpt.reset_moments` restores both (IMA uses it).
+asks v_{-1} ≥ τ²; default τ²).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from rayfl import schema
-from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, State, Vec
+from rayfl.algorithms import server_opt as opt
+from rayfl.algorithms.base import ServerParams
+from rayfl.algorithms.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
@@ -38,61 +40,33 @@ class FedAdamParams(FedOptParams):
     beta2: float = schema.field(0.99, doc="second-moment decay β2", lo=0.0, hi=1.0, hi_open=True)
 
 
-class FedOpt(Algorithm):
-    """Shared server rule; subclasses give the v-update. Server state: m, v."""
+class FedOpt(FedAvg):
+    """FedAvg with the adaptive server optimizer named by ``rule``. Server state: m, v."""
 
     Params = FedOptParams
+    rule = ""
 
-    def _v0(self) -> float:
-        return self.p.tau**2 if self.p.v_init is None else self.p.v_init
-
-    def server_init(self, x0: Vec) -> State:
-        return self.reset_moments({"x": x0.clone()})
-
-    def reset_moments(self, state: State) -> State:
-        """The state with m = 0 and v = v_init (x untouched)."""
-        x = state["x"]
-        return {**state, "m": torch.zeros_like(x), "v": torch.full_like(x, self._v0())}
-
-    def _v_update(self, v: Vec, u2: Vec) -> Vec:
-        raise NotImplementedError
-
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        if agg.count == 0:
-            return state, {}
-        u = -agg.delta_mean  # u = −Δ̄
-        m = self.p.beta1 * state["m"] + (1 - self.p.beta1) * u
-        v = self._v_update(state["v"], u * u)
-        x = state["x"] + self.server_lr * m / (v.sqrt() + self.p.tau)
-        return {**state, "x": x, "m": m, "v": v}, {"momentum_norm": float(m.norm()),
-                                                   "v_mean": float(v.mean())}
+    def default_server_opt(self) -> opt.ServerOpt:
+        p = self.p
+        return opt.build(self.rule, self.server_lr, beta1=p.beta1,
+                         beta2=getattr(p, "beta2", 0.0), tau=p.tau, v_init=p.v_init)
 
 
 class FedAdam(FedOpt):
     """v ← β2 v + (1 − β2) u²."""
 
-    name = "fedadam"
+    name, rule = "fedadam", "adam"
     Params = FedAdamParams
-
-    def _v_update(self, v: Vec, u2: Vec) -> Vec:
-        return self.p.beta2 * v + (1 - self.p.beta2) * u2
 
 
 class FedYogi(FedOpt):
     """v ← v − (1 − β2) u² sign(v − u²)."""
 
-    name = "fedyogi"
+    name, rule = "fedyogi", "yogi"
     Params = FedAdamParams
-
-    def _v_update(self, v: Vec, u2: Vec) -> Vec:
-        return v - (1 - self.p.beta2) * u2 * torch.sign(v - u2)
 
 
 class FedAdagrad(FedOpt):
     """v ← v + u²."""
 
-    name = "fedadagrad"
-    Params = FedOptParams
-
-    def _v_update(self, v: Vec, u2: Vec) -> Vec:
-        return v + u2
+    name, rule = "fedadagrad", "adagrad"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, LocalRule, ServerParams, Vec
+from rayfl.algorithms.base import Algorithm, ClientTask, LocalRule, ServerParams, Vec
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class FedProx(Algorithm):
 
     name = "fedprox"
     Params = FedProxParams
+    accepts_server_opt = True
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
-        return _ProxRule(bc["x"], self.p.mu)
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        return _ProxRule(task.bc["x"], self.p.mu)

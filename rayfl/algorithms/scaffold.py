@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
-                                   State, Vec)
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
+                                   ServerParams, State, Vec)
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     Params = ScaffoldParams
     client_state_keys = ("c",)
+    accepts_server_opt = True
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "c": torch.zeros_like(x0)}
@@ -51,17 +52,17 @@ class Scaffold(Algorithm):
         return {"x": state["x"], "c": state["c"]}
 
     @staticmethod
-    def _ci(bc, cstate) -> Vec:
-        return cstate["c"] if cstate is not None else torch.zeros_like(bc["x"])
+    def _ci(task: ClientTask) -> Vec:
+        return task.state["c"] if task.state is not None else torch.zeros_like(task.bc["x"])
 
-    def client_begin(self, bc, cstate, t, lr, client_id=None) -> LocalRule:
-        return _ControlRule(bc["c"] - self._ci(bc, cstate))
+    def client_begin(self, task: ClientTask) -> LocalRule:
+        return _ControlRule(task.bc["c"] - self._ci(task))
 
-    def client_end(self, bc, cstate, y, steps, lr, weight, t) -> ClientResult:
-        c_i = self._ci(bc, cstate)
+    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+        bc, c_i = task.bc, self._ci(task)
         if steps == 0:  # nothing trained: no new information about ∇f_i
             return ClientResult({"dc": torch.zeros_like(c_i)}, {"c": c_i})
-        c_new = c_i - bc["c"] + (bc["x"] - y) / (self.effective_steps(steps) * lr)  # c_i⁺
+        c_new = c_i - bc["c"] + (bc["x"] - y) / (self.effective_steps(steps) * task.lr)  # c_i⁺
         return ClientResult({"dc": c_new - c_i}, {"c": c_new})
 
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
@@ -69,5 +70,5 @@ class Scaffold(Algorithm):
             return state, {}
         mean_dc = agg.extras["dc"] / agg.count  # mean over the |S_t| clients that returned
         c = state["c"] + (agg.count / self.num_clients) * mean_dc
-        x = state["x"] - self.server_lr * agg.delta_mean
-        return {**state, "x": x, "c": c}, {"c_norm": float(c.norm())}
+        new, metrics = self.server_step(state, agg.delta_mean)  # x ← x − η_g Δ̄
+        return {**new, "c": c}, {**metrics, "c_norm": float(c.norm())}
