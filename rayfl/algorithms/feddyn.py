@@ -45,7 +45,7 @@ class FedDyn(Algorithm):
     accepts_server_opt = True
 
     def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "h": torch.zeros_like(x0)}
+        return {**super().server_init(x0), "h": torch.zeros_like(x0)}
 
     @staticmethod
     def _g_hat(task: ClientTask) -> Vec:

@@ -1,0 +1,130 @@
+"""The open core: one round loop on several executors, server optimizers as transforms,
+aggregation transforms, algorithm capabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rayfl
+from rayfl import config as config_mod
+from rayfl.algorithms import registry, server_opt
+from rayfl.algorithms.base import ClientTask
+from rayfl.algorithms.fedavg import FedAvg
+from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
+from rayfl.runtime.local import LocalSpec
+from rayfl.schema import ConfigError
+from rayfl.transforms import Chain, ClipUpdate, ClipParams, Identity
+from tests.conftest import TINY
+
+DT = torch.float64
+D, N = 4, 6
+SPEC = LocalSpec(steps=5, batch_size=1)
+
+
+def clients(n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [quadratic_client(torch.rand(D, generator=g, dtype=DT) + 0.5,
+                             4 * torch.randn(D, generator=g, dtype=DT), n=1 + i)
+            for i in range(n)]
+
+
+def x0():
+    return torch.zeros(D, dtype=DT)
+
+
+def sample(t):
+    return np.random.default_rng(t).choice(N, 3, replace=False)
+
+
+@pytest.mark.parametrize("preset, opt", [
+    ("fedavgm", server_opt.momentum(1.0, 0.9)),
+    ("fedadam", server_opt.adam(0.01, 0.9, 0.99, 1e-3, 1e-6)),
+    ("fedyogi", server_opt.yogi(0.01, 0.9, 0.99, 1e-3, 1e-6)),
+    ("fedadagrad", server_opt.adagrad(0.01, 0.9, 1e-3, 1e-6)),
+])
+def test_presets_are_fedavg_plus_a_server_optimizer_bitwise(preset, opt):
+    kw = dict(rounds=6, lr0=0.05, sample=sample)
+    s_preset, _, _ = simulate(registry.get(preset)(), x0(), clients(), SPEC, **kw)
+    s_fedavg, _, _ = simulate(FedAvg(server_opt=opt), x0(), clients(), SPEC, **kw)
+    assert torch.equal(s_preset["x"], s_fedavg["x"])
+    assert torch.equal(s_preset["m"], s_fedavg["m"])
+
+
+def test_momentum_server_optimizer_matches_torch_sgd():
+    """Server momentum on a fixed pseudo-gradient sequence is torch's SGD(momentum, nesterov)."""
+    for nesterov in (False, True):
+        opt = server_opt.momentum(0.5, 0.9, nesterov)
+        x = torch.ones(D, dtype=DT)
+        ref = torch.nn.Parameter(x.clone())
+        torch_opt = torch.optim.SGD([ref], lr=0.5, momentum=0.9, nesterov=nesterov)
+        state = {"x": x, **opt.init(x)}
+        for k in range(5):
+            d = torch.linspace(-1, 1, D, dtype=DT) * (k + 1)
+            step, new, _ = opt.update(d, state)
+            state = {**state, **new, "x": state["x"] - step}
+            ref.grad = d.clone()
+            torch_opt.step()
+        assert torch.allclose(state["x"], ref.detach(), rtol=1e-14, atol=1e-14)
+
+
+def test_server_opt_config_reaches_any_algorithm_that_takes_one(tmp_path):
+    cfg = config_mod.load(TINY, ["algorithm.name=scaffold", "server_opt.name=adam",
+                                 "server_opt.lr=0.02"])
+    from rayfl.algorithms import build
+
+    algo = build(cfg, 10)
+    assert algo.server_opt.adaptive and "v" in algo.server_init(torch.zeros(3))
+    for bad in (["algorithm.name=adabest", "server_opt.name=adam"],
+                ["algorithm.name=fedadam", "server_opt.name=momentum"],
+                ["server_opt.name=rmsprop"]):
+        with pytest.raises(ConfigError) as e:
+            config_mod.load(TINY, bad)
+        assert e.value.key.startswith("server_opt")
+
+
+def test_clip_transform_clips_each_client_update_before_the_sum():
+    spec, lr, s = LocalSpec(steps=20, batch_size=1), 0.05, 0.3
+    cs = clients()
+    chain = Chain([Identity(), ClipUpdate(ClipParams(max_norm=s))])
+    state, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr, transforms=chain)
+    # by hand: every client's Δ_i, clipped to norm S, weighted by n_i
+    deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, c.n, {"x": x0()}, None), c.grad_fn, c.n,
+                         spec, client_rng(0, 0, i)).delta for i, c in enumerate(cs)]
+    assert all(float(d.norm()) > s for d in deltas)  # the clip binds for every client
+    clipped = [d * min(1.0, s / (float(d.norm()) + 1e-6)) for d in deltas]
+    weights = [c.n for c in cs]
+    mean = sum(w * d for w, d in zip(weights, clipped)) / sum(weights)
+    assert torch.allclose(state["x"], x0() - mean, rtol=1e-12, atol=1e-14)
+    plain, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr,
+                           transforms=Chain([Identity()]))
+    unclipped, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr)
+    assert torch.equal(plain["x"], unclipped["x"])
+
+
+@pytest.mark.parametrize("entry, key", [
+    ("[{name: nope}]", "aggregation.transforms[0].name"),
+    ("[{name: clip, max_norm: -1}]", "aggregation.transforms[0].max_norm"),
+    ("[{name: clip, norm: 1}]", "aggregation.transforms[0].norm"),
+])
+def test_bad_transform_entries_name_the_key(entry, key):
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(TINY, [f"aggregation.transforms={entry}"])
+    assert e.value.key == key
+
+
+def test_inprocess_executor_gives_the_ray_executors_bytes(ray_local, tiny, monkeypatch):
+    common = tiny + ["rounds=3", "algorithm.name=scaffold",
+                     "aggregation.transforms=[{name: clip, max_norm: 5.0}]"]
+    on_ray = rayfl.run(TINY, common + ["runtime.num_actors=2", "runtime.cpus_per_actor=1"],
+                       quiet=True)
+    import ray
+
+    def no_ray(*a, **k):
+        raise AssertionError("the in-process executor must not start Ray")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    in_process = rayfl.run(TINY, common + ["runtime.executor=inprocess"], quiet=True)
+    assert in_process.summary["model_sha256"] == on_ray.summary["model_sha256"]
+    assert in_process.metrics.num_rows == 3
