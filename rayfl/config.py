@@ -141,6 +141,13 @@ class RuntimeConfig:
                                                     "detected; a logical count works without "
                                                     "one)", lo=0)
     dashboard: bool = field(False, doc="start the Ray dashboard with a local Ray")
+    actor_timeout_s: Optional[float] = field(
+        1800.0, doc="real seconds a client actor may take for its share of a round (and the "
+                    "server to answer) before it counts as hung: a hung client actor is "
+                    "restarted and its groups re-run; null: wait forever", lo=0.0, lo_open=True)
+    max_actor_restarts: int = field(
+        3, doc="restarts of each client actor that died or hung (its groups are re-run, the "
+               "result is unchanged); then the run stops, resumable", lo=0)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ class Server:
                                   cfg.runtime.state_memory_mb * 2**20)
             executor = InProcessExecutor(worker)
         else:
-            executor = RayExecutor(actor_names, self.sizes)
+            executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
+                                   cfg.runtime.max_actor_restarts)
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
                               transforms_from_config(cfg))
         reader = handle.open()
