@@ -90,6 +90,8 @@ class Algorithm:
     Params: ClassVar[type] = ServerParams
     #: what ``aggregation.weighting: auto`` means for this algorithm (its paper's choice)
     paper_weighting: ClassVar[str] = "samples"
+    #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
+    extra_weightings: ClassVar[tuple[str, ...]] = ()
     #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
     client_state_keys: ClassVar[tuple[str, ...]] = ()
 
