@@ -7,7 +7,8 @@ Clients run plain local SGD (as FedAvg). The server treats u = −Δ̄ as an asc
     v ← v + u²                                   (FedAdagrad)
     x ← x + η_g m / (√v + τ)
 No bias correction (as in the paper). m starts at 0 and v at v_init (the paper's Algorithm 2
-asks v_{-1} ≥ τ²; default τ²). :meth:`FedOpt.reset_moments` restores both (IMA uses it).
+asks v_{-1} ≥ τ²; default τ²). :meth:`FedOpt.reset_moments` zeroes both, as the IMA authors'
+code does at t_s (IMA uses it).
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ class FedOpt(Algorithm):
         return self.p.tau**2 if self.p.v_init is None else self.p.v_init
 
     def server_init(self, x0: Vec) -> State:
-        return self.reset_moments({"x": x0.clone()})
+        return self.reset_moments({"x": x0.clone()}, v=self._v0())
 
-    def reset_moments(self, state: State) -> State:
-        """The state with m = 0 and v = v_init (x untouched)."""
+    def reset_moments(self, state: State, v: float = 0.0) -> State:
+        """The state with m = 0 and v = ``v`` (x untouched)."""
         x = state["x"]
-        return {**state, "m": torch.zeros_like(x), "v": torch.full_like(x, self._v0())}
+        return {**state, "m": torch.zeros_like(x), "v": torch.full_like(x, v)}
 
     def _v_update(self, v: Vec, u2: Vec) -> Vec:
         raise NotImplementedError
