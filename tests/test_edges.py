@@ -212,6 +212,20 @@ def test_cli_refuses_fedavg_with_degree_with_exit_2(tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("weighting", ["auto", "samples", "uniform"])
+def test_every_algorithm_weights_as_configured(name, weighting):
+    """p_i ∝ n_i (samples), 1 (uniform); auto is the paper's (checked on fedmsi's graph below)."""
+    algo = build(config.load(TINY, [f"algorithm.name={name}",
+                                    f"aggregation.weighting={weighting}"]), num_clients=3)
+    resolved = registry.get(name).paper_weighting if weighting == "auto" else weighting
+    assert algo.weighting == resolved
+    if resolved == "degree":
+        return
+    weights = algo.aggregation_weights(algo.server_init(QX0), [2, 0], [500, 7])
+    assert weights == ([500.0, 7.0] if resolved == "samples" else [1.0, 1.0])
+
+
 # ----- 3. fedmsi's auto weighting is its paper's degree weighting --------------------------------
 def test_fedmsi_auto_weights_by_similarity_degree():
     algo = build(config.load(TINY, ["algorithm.name=fedmsi"]), num_clients=3)
