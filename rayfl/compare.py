@@ -5,7 +5,9 @@ config's ``ima`` settings, or its defaults). Every run keeps the base config but
 ``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults —
 except fedmim, whose inertial step is the momentum: it runs plain SGD (``local.momentum = 0``) at
 the same effective step size, ``local.lr / (1 − local.momentum)`` (0.01 at momentum 0.9 → 0.1, the
-FedMIM paper's η_0).
+FedMIM paper's η_0). ``aggregation.weighting`` stays the base's; at ``auto`` (the default) every
+algorithm gets its paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto``
+for the algorithms that do not define it.
 Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
 wall time) and ``accuracy.png`` into the comparison directory.
 """
@@ -16,6 +18,7 @@ import datetime as _dt
 import os
 
 from rayfl import config as config_mod
+from rayfl.algorithms import registry
 from rayfl.metrics.log import write_json, write_parquet
 from rayfl.metrics.plots import plot_accuracy
 from rayfl.schema import ConfigError
@@ -28,6 +31,10 @@ def variant(base: dict, entry: str) -> dict:
         raise ConfigError("--algorithms", entry, "NAME or NAME+ima")
     raw = dict(base)
     raw["algorithm"] = {"name": name}
+    weighting = base.get("aggregation", {}).get("weighting", "auto")
+    defined = registry.get(name).extra_weightings if name in registry.names() else ()
+    if weighting not in ("auto", "samples", "uniform") + defined:
+        raw["aggregation"] = {**base["aggregation"], "weighting": "auto"}
     rho = base["local"]["momentum"]
     if name == "fedmim" and rho:  # its inertial step replaces momentum: same effective step
         raw["local"] = {**base["local"], "momentum": 0.0, "lr": base["local"]["lr"] / (1 - rho)}

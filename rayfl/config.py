@@ -72,12 +72,23 @@ class LocalConfig:
     lr: float = field(0.01, doc="initial local learning rate η_0", lo=0.0, lo_open=True)
     lr_decay: float = field(1.0, doc="per-round lr factor: η_l(t) = η_0·decay^t", lo=0.0, hi=1.0,
                             lo_open=True)
-    momentum: float = field(0.0, doc="SGD momentum (reset every round)", lo=0.0, hi=1.0,
-                            hi_open=True)
-    weight_decay: float = field(0.0, doc="L2 weight decay", lo=0.0)
-    clip_norm: Optional[float] = field(None, doc="clip each step's direction to this norm",
+    momentum: float = field(0.0, doc="SGD heavy-ball momentum ρ (buffer reset every round; "
+                                     "0 with adam)", lo=0.0, hi=1.0, hi_open=True)
+    weight_decay: float = field(0.0, doc="L2 weight decay: wd·y added to the clipped loss "
+                                         "gradient, as torch's SGD/Adam weight_decay", lo=0.0)
+    clip_norm: Optional[float] = field(None, doc="clip the minibatch loss gradient to this norm "
+                                                 "(torch clip_grad_norm_, eps 1e-6) before weight "
+                                                 "decay and the algorithm's correction",
                                        lo=0.0, lo_open=True)
-    optimizer: Literal["sgd", "adam"] = field("sgd", doc="local optimiser")
+    optimizer: Literal["sgd", "adam"] = field(
+        "sgd", doc="local optimiser, as torch.optim.SGD / torch.optim.Adam (betas 0.9, 0.999, "
+                   "eps 1e-8, state reset every round) on loss gradient + weight decay + the "
+                   "algorithm's correction; adam is refused by scaffold, fednova, adabest, fedmim")
+
+    def check(self, prefix: str) -> None:
+        if self.optimizer == "adam" and self.momentum:
+            raise ConfigError(f"{prefix}.momentum", self.momentum,
+                              "0 with optimizer adam (Adam's β1 = 0.9 is its momentum)")
 
 
 @dataclass(frozen=True)
@@ -85,8 +96,9 @@ class AggregationConfig:
     """How client updates are weighted."""
 
     weighting: Literal["auto", "samples", "uniform", "degree"] = field(
-        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi); auto: "
-                    "the algorithm's paper (uniform for adabest and fedmim, else samples)")
+        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi only); "
+                    "auto: the algorithm's paper (uniform for adabest and fedmim, degree for "
+                    "fedmsi, else samples)")
     transforms: list[dict] = field(
         factory=list, doc="aggregation transforms applied in order to each client update and "
                           "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
@@ -236,6 +248,7 @@ def from_dict(raw: dict) -> Config:
     algorithm = _build_algorithm(raw.pop("algorithm", None))
     cfg = dataclasses.replace(schema.build(Config, raw), algorithm=algorithm)
     cls = registry.get(algorithm.name)
+    check_weighting(cls, cfg)
     cls.check_config(algorithm.params, cfg)
     if cfg.server_opt is not None:
         from rayfl.algorithms.base import Algorithm
@@ -248,6 +261,23 @@ def from_dict(raw: dict) -> Config:
                               f"no server_opt with {algorithm.name} (algorithms that take one: "
                               f"{takes}; fedavgm/fedadam/fedyogi/fedadagrad are fedavg presets)")
     return cfg
+
+
+def check_weighting(cls, cfg: Config) -> None:
+    """``aggregation.weighting`` must mean something for the algorithm (degree: fedmsi only)."""
+    weighting = cfg.aggregation.weighting
+    allowed = ("auto", "samples", "uniform") + tuple(cls.extra_weightings)
+    if weighting not in allowed:
+        raise ConfigError("aggregation.weighting", weighting,
+                          f"one of {', '.join(allowed)} with {cls.name} ({weighting} weighting "
+                          "is defined only for " + _definers(weighting) + ")")
+
+
+def _definers(weighting: str) -> str:
+    from rayfl.algorithms import registry
+
+    return ", ".join(n for n in registry.names()
+                     if weighting in registry.get(n).extra_weightings)
 
 
 def to_dict(cfg: Config) -> dict:

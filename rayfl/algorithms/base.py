@@ -120,6 +120,8 @@ class Algorithm:
     Params: ClassVar[type] = ServerParams
     #: what ``aggregation.weighting: auto`` means for this algorithm (its paper's choice)
     paper_weighting: ClassVar[str] = "samples"
+    #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
+    extra_weightings: ClassVar[tuple[str, ...]] = ()
     #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
     client_state_keys: ClassVar[tuple[str, ...]] = ()
     #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
@@ -200,8 +202,8 @@ class Algorithm:
         return "target" if self.server_opt.adaptive else "output"
 
     def reset_server_opt(self, state: State) -> State:
-        """``state`` with the server optimizer's state re-initialised (IMA's moment reset)."""
-        return {**state, **self.server_opt.init(state["x"])}
+        """``state`` with the server optimizer restarted (IMA's moment reset)."""
+        return {**state, **self.server_opt.restart(state["x"])}
 
     # ----- client side -------------------------------------------------------------------
     def client_begin(self, task: ClientTask) -> LocalRule:
