@@ -111,6 +111,33 @@ class AggregationConfig:
 
 
 @dataclass(frozen=True)
+class PrivacyConfig:
+    """User-level differential privacy: DP-FedAvg (clip, Gaussian noise, fixed denominator)."""
+
+    noise_multiplier: float = field(1.0, doc="z: the noise on the sum of clipped updates has "
+                                             "standard deviation z·clip_norm", lo=0.0)
+    clip_norm: float = field(1.0, doc="S: every client's update Δ_i is scaled to ‖Δ_i‖ ≤ S",
+                             lo=0.0, lo_open=True)
+    delta: float = field(1e-5, doc="δ of the (ε, δ) guarantee; keep it below 1/clients",
+                         lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    sampling: Literal["fixed", "poisson"] = field(
+        "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
+                     "accountant, replace-one neighbours); poisson: each client with "
+                     "probability clients_per_round / clients")
+    accountant: Literal["rdp", "pld"] = field(
+        "rdp", doc="dp-accounting's RDP or PLD accountant (pld: poisson sampling only)")
+    target_epsilon: Optional[float] = field(
+        None, doc="stop after the last round whose ε stays within this (null: run every round)",
+        lo=0.0, lo_open=True)
+
+    def check(self, prefix: str) -> None:
+        if self.accountant == "pld" and self.sampling != "poisson":
+            raise ConfigError(f"{prefix}.accountant", self.accountant,
+                              "rdp with sampling: fixed (dp-accounting's PLD accountant models "
+                              "Poisson sampling only)")
+
+
+@dataclass(frozen=True)
 class ServerOptConfig:
     """A server optimizer for the algorithm's server step (algorithms that accept one)."""
 
@@ -205,6 +232,8 @@ class Config:
     ima: Optional[IMAConfig] = field(None, doc="enable IMA (seed 004) with these settings")
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
+    privacy: Optional[PrivacyConfig] = field(
+        None, doc="user-level differential privacy (DP-FedAvg); ε per round in metrics.parquet")
     server_opt: Optional[ServerOptConfig] = field(
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
@@ -250,17 +279,58 @@ def from_dict(raw: dict) -> Config:
     cls = registry.get(algorithm.name)
     check_weighting(cls, cfg)
     cls.check_config(algorithm.params, cfg)
-    if cfg.server_opt is not None:
-        from rayfl.algorithms.base import Algorithm
-
-        if not cls.accepts_server_opt or cls.default_server_opt is not Algorithm.default_server_opt:
-            takes = ", ".join(n for n in registry.names() if registry.get(n).accepts_server_opt
-                              and registry.get(n).default_server_opt
-                              is Algorithm.default_server_opt)
-            raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
-                              f"no server_opt with {algorithm.name} (algorithms that take one: "
-                              f"{takes}; fedavgm/fedadam/fedyogi/fedadagrad are fedavg presets)")
+    check_server_opt(cls, cfg)
+    check_privacy(cls, cfg)
     return cfg
+
+
+def check_server_opt(cls, cfg: Config) -> None:
+    """A ``server_opt`` section only for algorithms whose server step takes one."""
+    if cfg.server_opt is None:
+        return
+    from rayfl.algorithms import registry
+
+    def takes(c) -> bool:
+        return c.accepts_server_opt and not c.is_preset()
+
+    if not takes(cls):
+        names = ", ".join(n for n in registry.names() if takes(registry.get(n)))
+        raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
+                          f"no server_opt with {cls.name} (algorithms that take one: {names}; "
+                          "fedavgm/fedadam/fedyogi/fedadagrad are fedavg presets)")
+
+
+def check_privacy(cls, cfg: Config) -> None:
+    """DP-FedAvg's assumptions: uniform sampling, unit weights, a server update that only
+    post-processes the noised mean."""
+    if cfg.privacy is None:
+        return
+    from rayfl.algorithms import registry
+
+    if not cls.dp_post_processing:
+        ok = ", ".join(n for n in registry.names() if registry.get(n).dp_post_processing)
+        raise ConfigError("privacy", cls.name, f"an algorithm whose server only post-processes "
+                          f"the noised mean update ({ok}); {cls.name} sends or reads per-client "
+                          "quantities the mechanism does not privatise")
+    weighting = cfg.aggregation.weighting
+    if (cls.paper_weighting if weighting == "auto" else weighting) != "uniform":
+        raise ConfigError("aggregation.weighting", weighting,
+                          "uniform with privacy (DP-FedAvg's fixed-denominator estimator gives "
+                          "every client weight 1)")
+    if cfg.availability.model != "always":
+        raise ConfigError("availability.model", cfg.availability.model,
+                          "always with privacy (the accountant assumes uniform client sampling)")
+    if cfg.availability.overcommit != 1.0:
+        raise ConfigError("availability.overcommit", cfg.availability.overcommit,
+                          "1 with privacy (the accountant models clients_per_round draws)")
+    target = cfg.privacy.target_epsilon
+    if target is not None:
+        from rayfl import privacy
+
+        first = privacy.epsilon(1, **privacy.accounting(cfg))
+        if first > target:
+            raise ConfigError("privacy.target_epsilon", target,
+                              f"at least one round's ε = {first:.4g} (raise it, or the noise)")
 
 
 def check_weighting(cls, cfg: Config) -> None:

@@ -51,6 +51,7 @@ class AdaBest(Algorithm):
     name = "adabest"
     Params = AdaBestParams
     paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
+    dp_post_processing = True  # x̄ = x − Δ̄; h_i never leaves the client
     client_state_keys = ("h", "t_last")
 
     @classmethod

@@ -126,6 +126,9 @@ class Algorithm:
     client_state_keys: ClassVar[tuple[str, ...]] = ()
     #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
     accepts_server_opt: ClassVar[bool] = False
+    #: the server update reads only Δ̄ (no per-client payload or second moments), so it is
+    #: post-processing of DP-FedAvg's noised mean (``privacy`` section)
+    dp_post_processing: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
                  local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):
@@ -156,6 +159,11 @@ class Algorithm:
     @classmethod
     def check_config(cls, params: Any, cfg: Any) -> None:
         """Rules that tie the algorithm to other config sections (raise ConfigError)."""
+
+    @classmethod
+    def is_preset(cls) -> bool:
+        """Whether the class fixes its own server optimizer (FedAvgM, FedAdam, ...)."""
+        return cls.default_server_opt is not Algorithm.default_server_opt
 
     # ----- server side -------------------------------------------------------------------
     def server_init(self, x0: Vec) -> State:

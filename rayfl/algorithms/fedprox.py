@@ -38,6 +38,7 @@ class FedProx(Algorithm):
     name = "fedprox"
     Params = FedProxParams
     accepts_server_opt = True
+    dp_post_processing = True  # the proximal term is the client's own computation
 
     def client_begin(self, task: ClientTask) -> LocalRule:
         return _ProxRule(task.bc["x"], self.p.mu)

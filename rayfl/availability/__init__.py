@@ -13,7 +13,7 @@ from rayfl.availability.trace import Trace
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
-                 model_bytes: int = 0) -> Sampler:
+                 model_bytes: int = 0, poisson_rate: float | None = None) -> Sampler:
     """The round planner for ``cfg``: call ``.plan(t, now)`` once per round.
 
     ``handle`` is the run's :class:`~rayfl.data.DataHandle` (client sizes, labels via
@@ -32,7 +32,8 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
         model = Trace(cfg.trace_path, n)
     else:
         model = AlwaysOn()
-    return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes)
+    return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes,
+                   poisson_rate)
 
 
 __all__ = ["AvailabilityConfig", "RoundPlan", "Sampler", "make_sampler"]
