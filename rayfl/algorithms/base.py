@@ -203,10 +203,10 @@ class Algorithm:
         """Further models worth evaluating each eval round, by metric prefix (e.g. AdaBest's x_{t+1})."""
         return {}
 
-    #: what IMA averages around this algorithm: its output x (``output``), or the plain average
-    #: of the client models fed to an adaptive server optimizer (``target``)
     @property
     def ima_average(self) -> str:
+        """What IMA averages around this algorithm: its output x (``output``), or the plain
+        average of the client models fed to an adaptive server optimizer (``target``)."""
         return "target" if self.server_opt.adaptive else "output"
 
     def reset_server_opt(self, state: State) -> State:
