@@ -82,7 +82,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
     state_root = os.path.join(run_dir, "state")
-    env = {k: v for k, v in os.environ.items() if k.startswith("RAYFL_")}
+    env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
