@@ -111,6 +111,17 @@ class RuntimeConfig:
                                                     "detected; a logical count works without "
                                                     "one)", lo=0)
     dashboard: bool = field(False, doc="start the Ray dashboard with a local Ray")
+    storage: Optional[str] = field(None, doc="where client state and checkpoints live: null = "
+                                             "the run directory; a path or a pyarrow.fs URI "
+                                             "(s3://bucket/prefix?region=..., gs://...) holds "
+                                             "<storage>/<run name>/ (needed on a cluster whose "
+                                             "nodes share no file system)")
+
+    def check(self, prefix: str) -> None:
+        if self.storage is not None:
+            from rayfl.runtime.storage import check_location
+
+            check_location(f"{prefix}.storage", self.storage)
 
 
 @dataclass(frozen=True)

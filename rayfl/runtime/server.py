@@ -13,7 +13,6 @@ from __future__ import annotations
 import heapq
 import math
 import os
-import shutil
 import time
 
 import numpy as np
@@ -25,11 +24,10 @@ from rayfl import algorithms
 from rayfl.availability import make_sampler
 from rayfl.metrics.log import MetricsLog
 from rayfl.models import rec_metrics
-from rayfl.runtime import checkpoint
+from rayfl.runtime import checkpoint, state_store, storage
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
 from rayfl.runtime.client_actor import model_for, peak_rss_mb
 from rayfl.runtime.local import spec_from_config
-from rayfl.runtime.state_store import delete_versions
 
 
 PROGRESS_KEYS = ("train_loss", "test_accuracy", "test_loss", "val_accuracy", "val_loss",
@@ -55,7 +53,8 @@ class Server:
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
         self.cfg, self.handle, self.run_dir = cfg, handle, run_dir
-        self.state_root = os.path.join(run_dir, "state")
+        self.location = storage.run_location(cfg, run_dir)  # checkpoints (and state) live here
+        self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
         self.spec = spec_from_config(cfg.local)
         self.algorithm = algorithms.build(cfg, handle.num_clients)
@@ -74,13 +73,13 @@ class Server:
         self.pending_delete: list[tuple[int, int]] = []
         self.stop_requested = False
         if resume:
-            self._restore(checkpoint.load(run_dir))
+            self._restore(checkpoint.load(self.location))
         else:
             self._fresh()
 
     # ----- state -------------------------------------------------------------------------
     def _fresh(self) -> None:
-        shutil.rmtree(self.state_root, ignore_errors=True)  # leftovers of a run never checkpointed
+        state_store.clear(self.state_root)  # leftovers of a run never checkpointed
         x0 = self.model.w.detach().clone()
         self.state = self.algorithm.server_init(x0)
         self.versions = np.full(self.handle.num_clients, -1, dtype=np.int32)
@@ -258,11 +257,11 @@ class Server:
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
-        checkpoint.save(self.run_dir, {
+        checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed})
-        delete_versions(self.state_root, self.pending_delete)
+        state_store.delete_versions(self.state_root, self.pending_delete)
         self.pending_delete = []
 
     def _final_model(self) -> np.ndarray:
