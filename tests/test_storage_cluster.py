@@ -17,7 +17,8 @@ SCAFFOLD = ["algorithm.name=scaffold", "rounds=5", "clients_per_round=6"]  # per
 
 def _stored(client, prefix: str) -> tuple[list[str], list[str]]:
     keys = s3_keys(client, prefix)
-    return ([k for k in keys if "/checkpoints/" in k], [k for k in keys if "/state/" in k])
+    return ([k for k in keys if "/checkpoints/" in k],
+            [k for k in keys if "/state/" in k and k.endswith(".npz")])
 
 
 def test_state_and_checkpoints_on_s3_pause_resume_match_local_disk(ray_local, tiny, tmp_path,
@@ -66,7 +67,8 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
         cluster.add_node(num_cpus=1, env_vars={"RAYFL_CACHE": str(tmp_path / "node2")})
         assert len([n for n in ray.nodes() if n["Alive"]]) == 2
         two_dir = str(tmp_path / "two")
-        two = [*small, "runtime.num_actors=2", f"runtime.storage={uri_for('cluster')}"]
+        two = [*small, "runtime.num_actors=2", f"runtime.storage={uri_for('cluster')}",
+               "runtime.state_memory_mb=0"]  # every state read back from S3, by either node
         paused = rayfl.run(TINY, two, run_dir=two_dir, quiet=True, max_rounds=3)
         with open(os.path.join(two_dir, "actors.json")) as f:
             nodes = {a["node_id"] for a in json.load(f).values()}

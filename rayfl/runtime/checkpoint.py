@@ -81,17 +81,25 @@ def _digest(text: str, tensors: list[torch.Tensor]) -> str:
     h = hashlib.sha256(text.encode())
     for t in tensors:
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
     return h.hexdigest()
 
 
-def encode(payload: dict) -> bytes:
-    """The checkpoint file's bytes for ``payload`` (tensors, arrays and plain data)."""
+def _writer(payload: dict):
+    """A function writing ``payload``'s checkpoint file (tensors, arrays and plain data) to an
+    open binary file; encoding errors surface here, before any file is touched."""
     tensors: list[torch.Tensor] = []
     text = json.dumps(_encode(payload, tensors), allow_nan=False)
+    record = {"format": FORMAT, "json": text, "tensors": tensors,
+              "sha256": _digest(text, tensors)}
+    return lambda f: torch.save(record, f)
+
+
+def encode(payload: dict) -> bytes:
+    """The checkpoint file's bytes for ``payload``."""
     buf = io.BytesIO()
-    torch.save({"format": FORMAT, "json": text, "tensors": tensors,
-                "sha256": _digest(text, tensors)}, buf)
+    _writer(payload)(buf)
     return buf.getvalue()
 
 
@@ -120,7 +128,7 @@ def decode(data: bytes, where: str) -> dict:
 
 def save(location: str, payload: dict) -> None:
     """Write the checkpoint atomically (a crash leaves the previous one intact)."""
-    Storage(location).write(NAME, encode(payload), durable=True)
+    Storage(location).write_with(NAME, _writer(payload), durable=True)
 
 
 def load(location: str) -> dict:

@@ -31,23 +31,28 @@ _USERINFO = re.compile(r"://[^/@?]*@")
 _TMP = ".tmp"  # suffix of a local write in progress
 
 
+def redact(text: str) -> str:
+    """``text`` with a URI's ``user:password@`` left out (for messages)."""
+    return _USERINFO.sub("://", text)
+
+
 def check_location(key: str, location: str) -> None:
     """Raise :class:`ConfigError` unless ``location`` is a path or a URI of a known scheme."""
+    shown = redact(location)
     if not location or "\0" in location:
-        raise ConfigError(key, location, "a non-empty local path or storage URI")
+        raise ConfigError(key, shown, "a non-empty local path or storage URI")
     match = _SCHEME.match(location)
+    known = f"a local path or a URI whose scheme is one of {', '.join(SCHEMES)}"
     if match is None:
         if "://" in location:
-            raise ConfigError(key, location, f"a local path or a URI whose scheme is one of "
-                                             f"{', '.join(SCHEMES)}")
+            raise ConfigError(key, shown, known)
         return
     if match.group(1).lower() not in SCHEMES:
-        raise ConfigError(key, location, f"a local path or a URI whose scheme is one of "
-                                         f"{', '.join(SCHEMES)}")
+        raise ConfigError(key, shown, known)
     rest = location[match.end():].partition("?")[0].strip("/")
     if match.group(1).lower() != "file" and not rest:
-        raise ConfigError(key, location, "a URI naming a bucket or directory "
-                                         "(e.g. s3://bucket/prefix)")
+        raise ConfigError(key, shown, "a URI naming a bucket or directory "
+                                      "(e.g. s3://bucket/prefix)")
 
 
 def join(location: str, *parts: str) -> str:
@@ -80,7 +85,7 @@ def check_new_run(cfg, run_dir: str) -> None:
     try:
         taken = bool(store.files())
     except (OSError, ValueError) as e:  # unreachable, refused, or a URI pyarrow cannot parse
-        why = _USERINFO.sub("://", (str(e).splitlines() or [""])[0])[:200]
+        why = redact((str(e).splitlines() or [""])[0])[:200]
         raise ConfigError("runtime.storage", store.path(""),
                           f"a reachable storage location ({why})") from None
     if taken:
@@ -113,7 +118,7 @@ class Storage:
         """The full path (or URI) of ``name``, for messages (credentials and options left out)."""
         if self.is_local:
             return os.path.join(self.location, name)
-        return _USERINFO.sub("://", join(self.location, name), count=1).partition("?")[0]
+        return redact(join(self.location, name)).partition("?")[0]
 
     def _key(self, name: str) -> str:
         self._remote()
