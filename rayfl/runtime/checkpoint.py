@@ -112,7 +112,7 @@ def decode(data: bytes, where: str) -> dict:
     try:
         raw = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except pickle.UnpicklingError:  # the weights-only unpickler refused foreign content
-        raise bad("it holds objects other than tensors and plain data") from None
+        raise bad("damaged, or holding objects other than tensors and plain data") from None
     except Exception as e:  # noqa: BLE001 — any failure of the (code-free) reader: damaged
         raise bad(f"unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
