@@ -187,6 +187,17 @@ class RuntimeConfig:
     max_actor_restarts: int = field(
         3, doc="restarts of each client actor that died or hung (its groups are re-run, the "
                "result is unchanged); then the run stops, resumable", lo=0)
+    storage: Optional[str] = field(None, doc="where client state and checkpoints live: null = "
+                                             "the run directory; a path or a pyarrow.fs URI "
+                                             "(s3://bucket/prefix?region=..., gs://...) holds "
+                                             "<storage>/<run name>/ (needed on a cluster whose "
+                                             "nodes share no file system)")
+
+    def check(self, prefix: str) -> None:
+        if self.storage is not None:
+            from rayfl.runtime.storage import check_location
+
+            check_location(f"{prefix}.storage", self.storage)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
 from rayfl.metrics.log import write_json
 from rayfl.models import build_for
-from rayfl.runtime import checkpoint
+from rayfl.runtime import checkpoint, storage
 
 
 @dataclass
@@ -81,7 +81,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     tag = os.path.basename(run_dir)
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
-    state_root = os.path.join(run_dir, "state")
+    state_root = storage.state_root(cfg, run_dir)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
@@ -223,6 +223,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
         raise ConfigError("--run-dir", run_dir, "a new or empty directory (it holds a run; use "
                           "`rayfl resume` to continue it)")
+    storage.check_new_run(cfg, run_dir)
     os.makedirs(run_dir, exist_ok=True)
     config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
     return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
@@ -235,5 +236,8 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
     cfg = config_mod.load(path)
-    return _execute(cfg, _prepare(cfg), run_dir, checkpoint.exists(run_dir), quiet, max_rounds,
-                    on_round)
+    location = storage.run_location(cfg, run_dir)
+    has_checkpoint = checkpoint.exists(location)
+    if has_checkpoint:
+        checkpoint.verify(location)  # damaged or incomplete: a clear error before Ray starts
+    return _execute(cfg, _prepare(cfg), run_dir, has_checkpoint, quiet, max_rounds, on_round)

@@ -26,3 +26,43 @@ def ray_local():
 def tiny(tmp_path):
     """Overrides that keep a tiny run's outputs and partition cache inside tmp_path."""
     return [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}"]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3-compatible server (moto) on a free 127.0.0.1 port, stopped at the end.
+
+    Yields ``(uri_for, client)``: ``uri_for(prefix)`` is an ``s3://`` URI of that prefix in the
+    test bucket that any process can open (credentials and endpoint ride in the URI), and
+    ``client`` is a boto3 client for checking what the server holds independently of pyarrow.
+    """
+    import logging
+    import socket
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket="rayfl-test")
+
+    def uri_for(prefix: str) -> str:
+        return (f"s3://testing:testing@rayfl-test/{prefix}?endpoint_override=127.0.0.1:{port}"
+                f"&scheme=http&region=us-east-1")
+
+    try:
+        yield uri_for, client
+    finally:
+        server.stop()
+
+
+def s3_keys(client, prefix: str) -> list[str]:
+    """Every object key under ``prefix`` in the test bucket (read with boto3, not pyarrow)."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket="rayfl-test", Prefix=prefix)
+    return sorted(o["Key"] for page in pages for o in page.get("Contents", []))

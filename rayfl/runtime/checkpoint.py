@@ -2,43 +2,159 @@
 
 Client state itself lives in the versioned state store; a checkpoint records which version of
 each client's state belongs to it (``versions``), so writing one costs the server state only.
+
+A checkpoint loads without executing code: it is a ``torch.save`` file holding only a list of
+tensors, a JSON text describing everything else (numbers, strings, lists, dicts, tuples and
+references to the tensors) and a SHA-256 over both, read back with ``torch.load(...,
+weights_only=True)``. A truncated, corrupted or foreign file is a :class:`ConfigError` naming it.
+It lives at ``<location>/checkpoints/checkpoint.pt``, where the location is the run's storage
+(the run directory, or an object-store URI; see :mod:`rayfl.runtime.storage`).
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
+import io
+import json
+import math
+import pickle
 
+import numpy as np
 import torch
 
-from rayfl.runtime.state_store import prune_after
+from rayfl.runtime.state_store import prune_after, verify_present
+from rayfl.runtime.storage import Storage, join
+from rayfl.schema import ConfigError
 
-NAME = "checkpoint.pt"
+NAME = "checkpoints/checkpoint.pt"
+FORMAT = "rayfl-checkpoint/1"
+_TENSOR, _ARRAY, _TUPLE, _FLOAT = "$tensor", "$ndarray", "$tuple", "$float"
 
 
-def path_of(run_dir: str) -> str:
-    """The run's checkpoint file."""
-    return os.path.join(run_dir, "checkpoints", NAME)
+def path_of(location: str) -> str:
+    """The run's checkpoint file (a path or URI)."""
+    return Storage(location).path(NAME)
 
 
-def save(run_dir: str, payload: dict) -> None:
+def _encode(obj, tensors: list[torch.Tensor]):
+    """``obj`` as JSON-able data; tensors and arrays are appended to ``tensors`` by index."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach().cpu().contiguous())
+        return {_TENSOR: len(tensors) - 1}
+    if isinstance(obj, np.ndarray):
+        tensors.append(torch.from_numpy(np.ascontiguousarray(obj)).clone())
+        return {_ARRAY: len(tensors) - 1}
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if obj is None or isinstance(obj, (bool, int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else {_FLOAT: repr(obj)}
+    if isinstance(obj, (list, tuple)):
+        items = [_encode(v, tensors) for v in obj]
+        return {_TUPLE: items} if isinstance(obj, tuple) else items
+    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+        return {k: _encode(v, tensors) for k, v in obj.items()}
+    raise TypeError(f"a checkpoint holds tensors, arrays and plain data only, not "
+                    f"{type(obj).__name__}")
+
+
+def _decode(obj, tensors: list[torch.Tensor]):
+    if isinstance(obj, list):
+        return [_decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        (key, value), = obj.items()
+        if key == _TENSOR:
+            return tensors[value]
+        if key == _ARRAY:
+            return tensors[value].numpy()
+        if key == _TUPLE:
+            return tuple(_decode(v, tensors) for v in value)
+        if key == _FLOAT:
+            return float(value)
+    return {k: _decode(v, tensors) for k, v in obj.items()}
+
+
+def _digest(text: str, tensors: list[torch.Tensor]) -> str:
+    h = hashlib.sha256(text.encode())
+    for t in tensors:
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+    return h.hexdigest()
+
+
+def _writer(payload: dict):
+    """A function writing ``payload``'s checkpoint file (tensors, arrays and plain data) to an
+    open binary file; encoding errors surface here, before any file is touched."""
+    tensors: list[torch.Tensor] = []
+    text = json.dumps(_encode(payload, tensors), allow_nan=False)
+    record = {"format": FORMAT, "json": text, "tensors": tensors,
+              "sha256": _digest(text, tensors)}
+    return lambda f: torch.save(record, f)
+
+
+def encode(payload: dict) -> bytes:
+    """The checkpoint file's bytes for ``payload``."""
+    buf = io.BytesIO()
+    _writer(payload)(buf)
+    return buf.getvalue()
+
+
+def decode(data: bytes, where: str) -> dict:
+    """The payload in checkpoint bytes; :class:`ConfigError` naming ``where`` if damaged."""
+    def bad(why: str) -> ConfigError:
+        return ConfigError("checkpoint", where, f"a complete rayfl checkpoint ({why}; delete the "
+                                                "file to restart the run from scratch)")
+
+    try:
+        raw = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError:  # the weights-only unpickler refused foreign content
+        raise bad("damaged, or holding objects other than tensors and plain data") from None
+    except Exception as e:  # noqa: BLE001 — any failure of the (code-free) reader: damaged
+        raise bad(f"unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise bad(f"not a {FORMAT} file")
+    text, tensors = raw.get("json"), raw.get("tensors")
+    if not isinstance(text, str) or not isinstance(tensors, list) or not all(
+            isinstance(t, torch.Tensor) for t in tensors):
+        raise bad("malformed contents")
+    if raw.get("sha256") != _digest(text, tensors):
+        raise bad("checksum mismatch: the file is corrupted")
+    return _decode(json.loads(text), tensors)
+
+
+def save(location: str, payload: dict) -> None:
     """Write the checkpoint atomically (a crash leaves the previous one intact)."""
-    path = path_of(run_dir)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save(payload, tmp)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    Storage(location).write_with(NAME, _writer(payload), durable=True)
 
 
-def load(run_dir: str) -> dict:
-    """The last committed checkpoint of ``run_dir``."""
-    return torch.load(path_of(run_dir), weights_only=False)
+def load(location: str) -> dict:
+    """The last committed checkpoint under ``location``."""
+    storage = Storage(location)
+    try:
+        data = storage.read(NAME)
+    except FileNotFoundError:
+        raise ConfigError("checkpoint", storage.path(NAME), "an existing checkpoint") from None
+    return decode(data, storage.path(NAME))
 
 
-def exists(run_dir: str) -> bool:
-    """Whether ``run_dir`` has a committed checkpoint."""
-    return os.path.isfile(path_of(run_dir))
+def verify(location: str) -> None:
+    """Check, before a resume starts anything, that the checkpoint under ``location`` loads and
+    that every client-state file it refers to is stored (:class:`ConfigError` otherwise)."""
+    ck = load(location)
+    versions = ck.get("versions") if isinstance(ck, dict) else None
+    if not isinstance(versions, np.ndarray) or versions.ndim != 1:
+        raise ConfigError("checkpoint", path_of(location), "a checkpoint holding client-state "
+                                                           "versions")
+    verify_present(join(location, "state"), versions)
+
+
+def exists(location: str) -> bool:
+    """Whether ``location`` has a committed checkpoint."""
+    return Storage(location).exists(NAME)
 
 
 def prune_state(state_root: str, versions) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 
 import numpy as np
@@ -23,12 +22,11 @@ from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
 from rayfl.metrics.log import MetricsLog
 from rayfl.models import rec_metrics
-from rayfl.runtime import checkpoint
+from rayfl.runtime import checkpoint, state_store, storage
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.local import spec_from_config
-from rayfl.runtime.state_store import delete_versions
 from rayfl.transforms import transforms_from_config
 
 
@@ -46,7 +44,8 @@ class Server:
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
         self.cfg, self.handle, self.run_dir = cfg, handle, run_dir
-        self.state_root = os.path.join(run_dir, "state")
+        self.location = storage.run_location(cfg, run_dir)  # checkpoints (and state) live here
+        self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
         self.spec = spec_from_config(cfg.local)
         self.algorithm = algorithms.build(cfg, handle.num_clients)
@@ -78,13 +77,13 @@ class Server:
         self.progress_rows: list[dict] = []
         self.stop_requested = False
         if resume:
-            self._restore(checkpoint.load(run_dir))
+            self._restore(checkpoint.load(self.location))
         else:
             self._fresh()
 
     # ----- state -------------------------------------------------------------------------
     def _fresh(self) -> None:
-        shutil.rmtree(self.state_root, ignore_errors=True)  # leftovers of a run never checkpointed
+        state_store.clear(self.state_root)  # leftovers of a run never checkpointed
         x0 = self.model.w.detach().clone()
         self.state = self.algorithm.server_init(x0)
         self.prev_delta = None
@@ -229,11 +228,11 @@ class Server:
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
-        checkpoint.save(self.run_dir, {
+        checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed})
-        delete_versions(self.state_root, self.loop.superseded)
+        state_store.delete_versions(self.state_root, self.loop.superseded)
         self.loop.superseded = []
 
     def _final_model(self) -> np.ndarray:

@@ -4,22 +4,35 @@ Client ``i``'s state after training in round ``t`` is written once to
 ``<root>/<i // 1000>/<i>.r<t>.npz`` and never modified, so a checkpoint of round ``c`` is valid
 as long as each client's newest version ≤ ``c`` survives (the server tracks versions and
 deletes superseded files only after a newer checkpoint commits). Each actor keeps recently used
-states in memory up to a byte budget; everything else is read back from disk on demand. A
+states in memory up to a byte budget; everything else is read back from storage on demand. A
 registered client that never trained has no file and costs nothing.
+
+``root`` is a :mod:`rayfl.runtime.storage` location: a local directory or an object-store URI,
+so actors on nodes that share no file system find each other's states. Files are plain ``.npz``
+arrays, read without pickle.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from collections import OrderedDict
 
 import numpy as np
 import torch
 
+from rayfl.runtime.storage import Storage
+from rayfl.schema import ConfigError
+
+
+def state_name(client: int, version: int) -> str:
+    """The name (relative to the state root) of version ``version`` of a client's state."""
+    return f"{client // 1000}/{client}.r{version}.npz"
+
 
 def state_path(root: str, client: int, version: int) -> str:
     """Where version ``version`` (the round it was written) of a client's state lives."""
-    return os.path.join(root, str(client // 1000), f"{client}.r{version}.npz")
+    return Storage(root).path(state_name(client, version))
 
 
 def parse_version(name: str) -> tuple[int, int] | None:
@@ -36,6 +49,7 @@ class StateStore:
 
     def __init__(self, root: str, budget_bytes: float):
         self.root, self.budget = root, budget_bytes
+        self.storage = Storage(root)
         self.cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
         self.cached_bytes = 0
         self.stats = {"hits": 0, "disk_reads": 0, "writes": 0, "evictions": 0}
@@ -64,8 +78,7 @@ class StateStore:
             self.cache.move_to_end(key)
             self.stats["hits"] += 1
             return self.cache[key]
-        with np.load(state_path(self.root, client, version)) as z:
-            state = {k: torch.from_numpy(z[k].copy()) for k in z.files}
+        state = read_state(self.storage, client, version)
         self.stats["disk_reads"] += 1
         self._remember(key, state)
         return state
@@ -73,11 +86,8 @@ class StateStore:
     def save(self, client: int, version: int, state: dict[str, torch.Tensor]) -> None:
         """Write a new immutable version (atomically), and cache it."""
         state = {k: v.detach().cpu() for k, v in state.items()}
-        path = state_path(self.root, client, version)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp.npz"
-        np.savez(tmp, **{k: v.numpy() for k, v in state.items()})
-        os.replace(tmp, path)
+        arrays = {k: v.numpy() for k, v in state.items()}
+        self.storage.write_with(state_name(client, version), lambda f: np.savez(f, **arrays))
         self.stats["writes"] += 1
         self._remember((client, version), state)
 
@@ -88,29 +98,66 @@ class StateStore:
             self.cached_bytes -= self._nbytes(old)
 
 
+def read_state(storage: Storage, client: int, version: int) -> dict[str, torch.Tensor]:
+    """One stored state; a missing or damaged file is a :class:`ConfigError` naming it."""
+    name = state_name(client, version)
+    try:
+        with storage.open(name) as f, np.load(f, allow_pickle=False) as z:
+            return {k: torch.from_numpy(z[k].copy()) for k in z.files}
+    except FileNotFoundError:
+        raise ConfigError("client state", storage.path(name),
+                          "the file the checkpoint refers to (it was deleted, or the run's "
+                          "storage moved)") from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise ConfigError("client state", storage.path(name),
+                          f"a complete .npz state file ({type(e).__name__}: {e})") from None
+
+
 def delete_versions(root: str, pairs) -> None:
     """Remove superseded state files ``(client, version)``; missing files are fine."""
+    storage = Storage(root)
     for client, version in pairs:
-        try:
-            os.remove(state_path(root, client, version))
-        except FileNotFoundError:
-            pass
+        storage.delete(state_name(client, version))
+
+
+def clear(root: str) -> None:
+    """Remove every state file (a fresh run: leftovers of a run never checkpointed)."""
+    Storage(root).clear()
 
 
 def prune_after(root: str, versions: np.ndarray) -> int:
-    """After a resume: delete every file that is not the checkpoint's version of its client."""
-    removed = 0
-    if not os.path.isdir(root):
-        return 0
-    for sub in os.scandir(root):
-        if not sub.is_dir():
+    """After a resume: delete every file that is not the checkpoint's version of its client.
+
+    Raises :class:`ConfigError` when a version the checkpoint refers to is missing (the run
+    would otherwise continue from a silently lost state).
+    """
+    storage, removed, present = Storage(root), 0, set()
+    for name in storage.files():
+        parsed = parse_version(os.path.basename(name))
+        if parsed is not None and parsed[0] < len(versions) and versions[parsed[0]] == parsed[1]:
+            present.add(parsed[0])
             continue
-        for entry in os.scandir(sub.path):
-            parsed = parse_version(entry.name)
-            if parsed is None:
-                os.remove(entry.path)  # a torn temporary file
-                removed += 1
-            elif versions[parsed[0]] != parsed[1]:
-                os.remove(entry.path)
-                removed += 1
+        storage.delete(name)  # superseded, written after the checkpoint, or a torn write
+        removed += 1
+    _require(storage, versions, present)
     return removed
+
+
+def verify_present(root: str, versions: np.ndarray) -> None:
+    """Raise :class:`ConfigError` unless every version a checkpoint refers to is stored."""
+    storage = Storage(root)
+    present = set()
+    for name in storage.files():
+        parsed = parse_version(os.path.basename(name))
+        if parsed is not None and parsed[0] < len(versions) and versions[parsed[0]] == parsed[1]:
+            present.add(parsed[0])
+    _require(storage, versions, present)
+
+
+def _require(storage: Storage, versions: np.ndarray, present: set[int]) -> None:
+    missing = [int(c) for c in np.flatnonzero(versions >= 0) if int(c) not in present]
+    if missing:
+        c = missing[0]
+        raise ConfigError("client state", storage.path(state_name(c, int(versions[c]))),
+                          f"the file the checkpoint refers to ({len(missing)} client state "
+                          f"file(s) missing: deleted, or the run's storage moved)")
