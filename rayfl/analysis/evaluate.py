@@ -8,7 +8,6 @@ float32 once, so a combination that reproduces a stored model gives its exact pa
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from rayfl.runtime.client_actor import model_for
+from rayfl.runtime.cluster import connect_ray
 from rayfl.schema import ConfigError
 
 
@@ -63,13 +63,7 @@ def select_data(handle, spec: str = "test", max_samples: int | None = None,
 
 def ensure_ray(cfg, num_cpus: int | None = None) -> None:
     """Join the run's cluster (``runtime.address``) or start a local Ray, unless one is up."""
-    if ray.is_initialized():
-        return
-    if cfg.runtime.address:
-        ray.init(address=cfg.runtime.address, logging_level="WARNING")
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 logging_level="WARNING")
+    connect_ray(cfg, num_cpus)
 
 
 def _tensors(cfg, handle, data: EvalData):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.availability.base import ONLINE, PROPENSITY
+from rayfl.availability.base import ONLINE, PROPENSITY, AvailabilityModel
 from rayfl.availability.config import AvailabilityConfig
 
 
@@ -21,7 +21,7 @@ def propensities(mean: float, spread: float, n: int, rng: np.random.Generator) -
     return rng.beta(mean * k, (1 - mean) * k, size=n)
 
 
-class Bernoulli:
+class Bernoulli(AvailabilityModel):
     """Independent per-round coin flips with per-client probabilities ``p``."""
 
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None):
@@ -32,6 +32,10 @@ class Bernoulli:
             p[order] = np.sort(p)
         self.p = p.astype(np.float32)
         self.seed = seed
+
+    @classmethod
+    def build(cls, cfg: AvailabilityConfig, ctx) -> "Bernoulli":
+        return cls(cfg, ctx.num_clients, ctx.seed, ctx.ranks())
 
     def online(self, t: int, now: float) -> np.ndarray:
         rng = np.random.default_rng([self.seed, t, ONLINE])

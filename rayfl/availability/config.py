@@ -5,21 +5,25 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from rayfl import registry
 from rayfl.schema import ConfigError, field
 
 TRACE_SUFFIXES = (".pkl", ".pickle", ".csv", ".parquet")
 
 
 @dataclass(frozen=True)
-class AvailabilityConfig:
+class AvailabilityConfig(registry.Named):
     """Client availability model, stragglers and the virtual clock (see ``rayfl.availability``)."""
 
-    model: Literal["always", "bernoulli", "diurnal", "trace"] = field(
-        "always", doc="who is online: always (everyone), bernoulli (each client with its own "
-                      "probability), diurnal (daily curve per time zone), trace (replay a "
-                      "recorded trace); mid-round failures are `dropout`, on top of any model")
+    KIND = "availability"
+    NAME_FIELD = "model"
+
+    model: str = field(
+        "always", doc="who is online: a built-in (listed under `availability.model` below) or "
+                      "package.module:Name, an AvailabilityModel subclass; mid-round failures "
+                      "are `dropout`, on top of any model")
     mean: float = field(0.5, doc="bernoulli: mean online probability over clients; diurnal: "
                                  "daily mean online probability", lo=0.0, hi=1.0, lo_open=True)
     spread: float = field(0.1, doc="bernoulli: standard deviation of the per-client online "
@@ -62,6 +66,8 @@ class AvailabilityConfig:
         None, doc="FedScale client_device_capacity pickle {id: {computation: ms per sample "
                   "(inference; training costs 3×, as FedScale), communication: kbps}}; "
                   "replaces speed_* and bandwidth_*")
+    params: Any = field(None, doc="validated Params of the chosen availability model",
+                        flatten=True)
 
     def check(self, prefix: str) -> None:
         if self.model == "trace" and self.trace_path is None:

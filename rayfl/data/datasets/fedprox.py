@@ -12,6 +12,8 @@ import numpy as np
 
 from rayfl.data.datasets import Arrays
 
+natural = True  # every training row carries its writer/user (partition: natural)
+
 BLOCK = 256  # clients generated together (part of the stream layout: changing it changes data)
 
 

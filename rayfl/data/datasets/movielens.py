@@ -14,6 +14,8 @@ import pyarrow.csv as pacsv
 
 from rayfl.data.datasets import Arrays, require
 
+natural = True  # every training row carries its writer/user (partition: natural)
+
 FILES = ["ratings.dat", "users.dat", "movies.dat"]
 HINT = ("unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and set data.root to "
         "its ml-1m folder")
