@@ -2,10 +2,9 @@
 
 Each entry of ``--algorithms`` is an algorithm name, optionally with ``+ima`` (IMA with the
 config's ``ima`` settings, or its defaults). Every run keeps the base config but its
-``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults —
-except fedmim, whose inertial step is the momentum: it runs plain SGD (``local.momentum = 0``) at
-the same effective step size, ``local.lr / (1 − local.momentum)`` (0.01 at momentum 0.9 → 0.1, the
-FedMIM paper's η_0).
+``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults; an
+algorithm class may adjust its own run with a ``compare_variant(raw) -> raw`` classmethod (FedMIM
+runs plain SGD at the same effective step size, its inertial step replacing local momentum).
 Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
 wall time) and ``accuracy.png`` into the comparison directory.
 """
@@ -16,6 +15,7 @@ import datetime as _dt
 import os
 
 from rayfl import config as config_mod
+from rayfl import registry
 from rayfl.metrics.log import write_json, write_parquet
 from rayfl.metrics.plots import plot_accuracy
 from rayfl.schema import ConfigError
@@ -28,9 +28,9 @@ def variant(base: dict, entry: str) -> dict:
         raise ConfigError("--algorithms", entry, "NAME or NAME+ima")
     raw = dict(base)
     raw["algorithm"] = {"name": name}
-    rho = base["local"]["momentum"]
-    if name == "fedmim" and rho:  # its inertial step replaces momentum: same effective step
-        raw["local"] = {**base["local"], "momentum": 0.0, "lr": base["local"]["lr"] / (1 - rho)}
+    adjust = getattr(registry.resolve("algorithm", name), "compare_variant", None)
+    if adjust is not None:
+        raw = adjust(raw)
     if extra == "ima":
         raw["ima"] = base.get("ima") or {}
     else:

@@ -47,6 +47,12 @@ class AdaBest(Algorithm):
     paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
     client_state_keys = ("h", "t_last")
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.beta": {"low": 0.7, "high": 0.999},
+                "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}}
+
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}
 

@@ -235,6 +235,13 @@ class DataReader:
         """Training rows by index (a copy; used for per-round re-splits, see ``regime``)."""
         return self.x[idx], self.y[idx]
 
+    def round(self, t: int, round_clients) -> "RoundData":
+        """The rows of each client in round ``t`` (``round_clients``: every client dispatched
+        that round, which a drift regime re-splits among them; see :mod:`rayfl.data.regime`)."""
+        from rayfl.data.regime import RoundData
+
+        return RoundData(self, t, round_clients)
+
     def validation(self) -> tuple[np.ndarray, np.ndarray]:
         """The validation clients' rows, pooled (views; empty without validation clients)."""
         return self._validation

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow.csv as pacsv
 
 from rayfl.data.datasets import Arrays, require
+from rayfl.data.evaluators import ranking as evaluator  # noqa: F401 (HR/NDCG/AUC on test)
 
 natural = True  # every training row carries its writer/user (partition: natural)
 
