@@ -8,7 +8,9 @@ importable from the working directory or ``PYTHONPATH``, or a name given to
 
 A component may declare its typed parameters as a frozen dataclass ``Params`` built from
 :func:`rayfl.schema.field`, exactly as the built-ins do; its keys then sit in the component's
-config section, are validated, listed by ``rayfl keys`` and searchable by the tuner.
+config section, are validated, listed by ``rayfl keys`` and searchable by the tuner; its
+optional ``check_section(section, prefix)`` holds its own rules on the section (raising
+:class:`~rayfl.schema.ConfigError`).
 
 Config sections that name a component (:class:`Named`) carry a user component with them when
 pickled, so every Ray worker that receives the config knows it without any hook in user code.
@@ -216,7 +218,8 @@ class Named:
         name = data.get(cls.NAME_FIELD, fields[cls.NAME_FIELD].default)
         if not isinstance(name, str):
             raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name, expected(cls.KIND))
-        params_cls = params_class(resolve(cls.KIND, name))
+        component = resolve(cls.KIND, name)
+        params_cls = params_class(component)
         theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
         if own & theirs:
             raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name,
@@ -229,7 +232,11 @@ class Named:
                               f"no such key; valid keys here: {', '.join(sorted(own | theirs))}")
         section = schema.build_fields(cls, data, prefix)
         params = schema.build(params_cls, extra, prefix) if params_cls else None
-        return dataclasses.replace(section, params=params)
+        section = dataclasses.replace(section, params=params)
+        check = getattr(component, "check_section", None)
+        if check is not None:  # the component's own rules on its section
+            check(section, prefix)
+        return section
 
     def __reduce__(self):
         name = self.component_name

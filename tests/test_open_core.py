@@ -290,3 +290,16 @@ def test_every_builtin_resolves_and_is_documented():
         for name in registry.names(kind):
             shown = f"`{name}`" if kind != "algorithm" else f"`algorithm.name: {name}`"
             assert registry.resolve(kind, name) is not None and shown in text
+
+
+def test_a_builtin_availability_model_is_one_module_and_one_registry_line(monkeypatch):
+    from rayfl.docs import config_reference
+
+    monkeypatch.setitem(registry.BUILTINS["availability"], "first_half",
+                        "tests.test_open_core:FirstHalf")  # the one line
+    cfg = config.load({"availability": {"model": "first_half", "share": 0.5}}).availability
+    assert make_sampler(cfg, FakeHandle(20), 4, 0, SPEC).plan(0).clients.max() < 10
+    assert "| `first_half` | Only clients below" in config_reference()
+    assert "first_half" in registry.expected("availability")
+    with pytest.raises(ConfigError, match="availability.share"):
+        config.load({"availability": {"model": "first_half", "share": 0}})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -70,26 +69,12 @@ class AvailabilityConfig(registry.Named):
                         flatten=True)
 
     def check(self, prefix: str) -> None:
-        if self.model == "trace" and self.trace_path is None:
-            raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
-                              f"{prefix}.model is 'trace'")
-        if self.model == "trace":
-            _check_file(f"{prefix}.trace_path", self.trace_path, TRACE_SUFFIXES)
+        """Rules of the section itself; each model's own rules are its ``check_section``."""
         if self.capacity_path is not None:
-            _check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
-        if self.model == "bernoulli" and self.spread > 0:
-            limit = math.sqrt(self.mean * (1 - self.mean))
-            if self.spread >= limit:
-                raise ConfigError(f"{prefix}.spread", self.spread,
-                                  f"less than sqrt(mean·(1 − mean)) = {limit:.4g} (a Beta "
-                                  f"distribution with mean {self.mean} cannot spread more)")
-        if self.model == "diurnal" and self.mean * (1 + self.amplitude) > 1 + 1e-12:
-            raise ConfigError(f"{prefix}.amplitude", self.amplitude,
-                              f"at most 1/mean − 1 = {1 / self.mean - 1:.4g} so that the peak "
-                              "probability mean·(1 + amplitude) stays ≤ 1")
+            check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
 
 
-def _check_file(key: str, path: str, suffixes: tuple[str, ...]) -> None:
+def check_file(key: str, path: str, suffixes: tuple[str, ...]) -> None:
     if not path.lower().endswith(suffixes):
         raise ConfigError(key, path, "a file ending in " + ", ".join(suffixes))
     if not os.path.isfile(path):

@@ -36,6 +36,16 @@ class Trace(AvailabilityModel):
             self.start, self.end, self.owner, self.period, self.clients = _read_table(path)
         self.n = n
 
+    @staticmethod
+    def check_section(cfg, prefix: str) -> None:
+        """``trace_path`` names an existing trace file."""
+        from rayfl.availability.config import TRACE_SUFFIXES, check_file
+
+        if cfg.trace_path is None:
+            raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
+                              f"{prefix}.model is 'trace'")
+        check_file(f"{prefix}.trace_path", cfg.trace_path, TRACE_SUFFIXES)
+
     @classmethod
     def build(cls, cfg, ctx) -> "Trace":
         return cls(cfg.trace_path, ctx.num_clients)

@@ -66,10 +66,7 @@ class DataConfig(registry.Named):
     params: Any = field(None, doc="validated Params of the chosen dataset", flatten=True)
 
     def check(self, prefix: str) -> None:
-        if self.partition == "dirichlet" and self.dataset == "synthetic" and self.min_samples > \
-                self.samples_per_client:
-            raise ConfigError(f"{prefix}.min_samples", self.min_samples,
-                              f"at most data.samples_per_client = {self.samples_per_client}")
+        """Rules of the section itself; a dataset's own rules are its ``check_section``."""
         if self.partition == "natural" and not is_natural(self.component()):
             natural = [n for n in registry.names("dataset")
                        if is_natural(registry.resolve("dataset", n))]
@@ -77,7 +74,7 @@ class DataConfig(registry.Named):
                               f"a dataset with writers/users ({', '.join(natural)}), not "
                               f"data.dataset = {self.dataset!r}; or another partition")
         if self.sizes != "equal" and self.partition not in ("iid", "label_dirichlet") and \
-                self.dataset != "synthetic_fedprox":
+                not getattr(self.component(), "generates_sizes", False):
             raise ConfigError(f"{prefix}.sizes", self.sizes,
                               "'equal' unless data.partition is iid or label_dirichlet, or "
                               f"data.dataset is synthetic_fedprox (the {self.partition} "
