@@ -34,7 +34,11 @@ def _components(kind: str) -> list[str]:
     key = registry.KEYS[kind]
     rows = [f"## `{key}`", "", "| name | what |", "|---|---|"]
     rows += [f"| `{n}` | {registry.summary(kind, n)} |" for n in registry.names(kind)]
-    return rows + [""]
+    rows.append("")
+    for name in registry.names(kind):  # the keys a component adds to its section
+        if registry.params_class(registry.resolve(kind, name)) is not None:
+            rows.append(component_reference(kind, name))
+    return rows
 
 
 def component_reference(kind: str, name: str) -> str:
