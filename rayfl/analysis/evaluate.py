@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from rayfl.runtime.client_actor import model_for
-from rayfl.runtime.cluster import connect_ray
 from rayfl.schema import ConfigError
 
 
@@ -59,11 +58,6 @@ def select_data(handle, spec: str = "test", max_samples: int | None = None,
         pick = np.sort(np.random.default_rng(seed).choice(rows, max_samples, replace=False))
         index, label = pick if index is None else index[pick], f"{label} ({max_samples} rows)"
     return EvalData(split, index, label)
-
-
-def ensure_ray(cfg, num_cpus: int | None = None) -> None:
-    """Join the run's cluster (``runtime.address``) or start a local Ray, unless one is up."""
-    connect_ray(cfg, num_cpus)
 
 
 def _tensors(cfg, handle, data: EvalData):
