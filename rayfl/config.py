@@ -90,12 +90,42 @@ class AggregationConfig:
     weighting: Literal["auto", "samples", "uniform", "degree"] = field(
         "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi); auto: "
                     "the algorithm's paper (uniform for adabest and fedmim, else samples)")
+    transforms: list[dict] = field(
+        factory=list, doc="aggregation transforms applied in order to each client update and "
+                          "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
+                          "`rayfl keys`: identity, clip)")
+
+    def check(self, prefix: str) -> None:
+        from rayfl.transforms import validate
+
+        validate(self.transforms, f"{prefix}.transforms")
+
+
+@dataclass(frozen=True)
+class ServerOptConfig:
+    """A server optimizer for the algorithm's server step (algorithms that accept one)."""
+
+    name: Literal["sgd", "momentum", "adam", "yogi", "adagrad"] = field(
+        "sgd", doc="x ← x − step: sgd, momentum, adam, yogi or adagrad (Reddi et al. 2021)")
+    lr: Optional[float] = field(None, doc="server lr (null: algorithm.server_lr)", lo=0.0,
+                                lo_open=True)
+    momentum: float = field(0.9, doc="β of momentum", lo=0.0, hi=1.0, hi_open=True)
+    nesterov: bool = field(False, doc="Nesterov form of momentum")
+    beta1: float = field(0.9, doc="first-moment decay β1 (adam, yogi, adagrad)", lo=0.0,
+                         hi=1.0, hi_open=True)
+    beta2: float = field(0.99, doc="second-moment decay β2 (adam, yogi)", lo=0.0, hi=1.0,
+                         hi_open=True)
+    tau: float = field(1e-3, doc="adaptivity τ added to √v", lo=0.0, lo_open=True)
+    v_init: Optional[float] = field(None, doc="initial second moment (null: τ²)", lo=0.0)
 
 
 @dataclass(frozen=True)
 class RuntimeConfig:
     """Ray resources and execution."""
 
+    executor: Literal["ray", "inprocess"] = field(
+        "ray", doc="where clients train: ray (client actors) or inprocess (this process, no Ray: "
+                   "debugging, notebooks); same model bytes either way")
     address: Optional[str] = field(None, doc="null: start a local Ray; 'auto', 'ray://...' or "
                                              "host:port joins a cluster")
     num_actors: int = field(2, doc="client actors (each hosts many virtual clients)", lo=1)
@@ -159,6 +189,9 @@ class Config:
     ima: Optional[IMAConfig] = field(None, doc="enable IMA (seed 004) with these settings")
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
+    server_opt: Optional[ServerOptConfig] = field(
+        None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
+                  "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
     availability: AvailabilityConfig = field(factory=AvailabilityConfig)
     runtime: RuntimeConfig = field(factory=RuntimeConfig)
     eval: EvalConfig = field(factory=EvalConfig)
@@ -183,7 +216,19 @@ def from_dict(raw: dict) -> Config:
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
     cfg = schema.build(Config, raw)
-    cfg.algorithm.component().check_config(cfg.algorithm.params, cfg)
+    cls = cfg.algorithm.component()
+    cls.check_config(cfg.algorithm.params, cfg)
+    if cfg.server_opt is not None:
+        from rayfl.algorithms.base import Algorithm
+
+        if not cls.accepts_server_opt or cls.default_server_opt is not Algorithm.default_server_opt:
+            known = {n: registry.resolve("algorithm", n) for n in registry.names("algorithm")}
+            takes = ", ".join(n for n, c in known.items() if c.accepts_server_opt
+                              and c.default_server_opt is Algorithm.default_server_opt)
+            raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
+                              f"no server_opt with {cfg.algorithm.name} (algorithms that take "
+                              f"one: {takes}; fedavgm/fedadam/fedyogi/fedadagrad are fedavg "
+                              "presets)")
     return cfg
 
 

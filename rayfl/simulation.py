@@ -106,18 +106,34 @@ def _prepare(cfg: Config):
     return handle
 
 
+def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
+                   max_rounds: int | None, on_round) -> dict:
+    """The whole run in this process (``runtime.executor: inprocess``): no Ray at all."""
+    from rayfl.runtime.server import Server
+
+    def show(info: dict) -> bool:
+        if not quiet:
+            print(progress_line(info), flush=True)
+        return bool(on_round is not None and on_round(info))
+
+    return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+
+
 def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
-    import ray
+    if cfg.runtime.executor == "inprocess":
+        summary = _run_inprocess(cfg, handle, run_dir, resume, quiet, max_rounds, on_round)
+    else:
+        import ray
 
-    connect_ray(cfg)
-    require_actor_resources(cfg)
-    server, actors = _start(cfg, handle, run_dir, resume)
-    try:
-        summary = _follow(server, quiet, max_rounds, on_round)
-    finally:
-        for a in [server, *actors]:
-            ray.kill(a)
+        connect_ray(cfg)
+        require_actor_resources(cfg)
+        server, actors = _start(cfg, handle, run_dir, resume)
+        try:
+            summary = _follow(server, quiet, max_rounds, on_round)
+        finally:
+            for a in [server, *actors]:
+                ray.kill(a)
     if "paused_after_round" in summary:
         if not quiet:
             print(f"paused after round {summary['paused_after_round'] + 1}/{cfg.rounds}; "

@@ -13,7 +13,7 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import Aggregate, ServerParams
+from rayfl.algorithms.base import Aggregate, ClientTask, ServerParams
 from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
@@ -140,13 +140,13 @@ def test_adabest_client_estimate_decays_with_absence():
     y = torch.full((D,), 0.25, dtype=F64)
     h_old = torch.arange(D, dtype=F64)
     cstate = {"h": h_old, "t_last": torch.tensor([2.0], dtype=F64)}
-    res = algo.client_end({"x": x_t}, cstate, y, 3, 0.1, 1.0, 5)
+    res = algo.client_end(ClientTask(0, 5, 0.1, 1.0, {"x": x_t}, cstate), y, 3)
     assert torch.allclose(res.state["h"], h_old / 3 + (x_t - y))  # last seen 3 rounds ago
     assert res.state["t_last"].item() == 5
-    rule = algo.client_begin({"x": x_t}, cstate, 5, 0.1)
+    rule = algo.client_begin(ClientTask(0, 5, 0.1, 1.0, {"x": x_t}, cstate))
     gvec = torch.ones(D, dtype=F64)
     assert torch.allclose(rule.direction(gvec, y, 0.1), gvec - 0.5 * h_old)
-    first = algo.client_end({"x": x_t}, None, y, 3, 0.1, 1.0, 0)
+    first = algo.client_end(ClientTask(0, 0, 0.1, 1.0, {"x": x_t}, None), y, 3)
     assert torch.allclose(first.state["h"], x_t - y)
 
 
@@ -238,7 +238,7 @@ def test_fedopt_defaults_and_reset(name):
     assert (algo.server_lr, algo.p.beta1, algo.p.tau) == (0.01, 0.9, 1e-3)
     state = algo.server_init(X0)
     state, _ = algo.server_update(state, agg_of([torch.ones(D, dtype=F64)], [1.0]), 0)
-    reset = algo.reset_moments(state)
+    reset = algo.reset_server_opt(state)
     assert torch.equal(reset["x"], state["x"])
     assert torch.all(reset["m"] == 0) and torch.allclose(reset["v"], torch.full((D,), 1e-6, dtype=F64))
 
@@ -281,8 +281,8 @@ def test_fedprox_large_mu_stays_near_start():
     moves = {}
     for mu in (0.0, 15.0):
         algo = make("fedprox", mu=mu)
-        out = run_client(algo, {"x": x_t}, None, CLIENTS[0].grad_fn, 1, spec, ETA, 0, 1.0,
-                         client_rng(0, 0, 0))
+        out = run_client(algo, ClientTask(0, 0, ETA, 1.0, {"x": x_t}, None), CLIENTS[0].grad_fn,
+                         1, spec, client_rng(0, 0, 0))
         moves[mu] = float(out.delta.norm())
     grad_norm = float((A[0] * x_t - B[0]).norm())
     # the prox point satisfies ‖y − x_t‖ = ‖(A + μI)⁻¹ ∇f(x_t)‖ ≤ ‖∇f(x_t)‖ / μ

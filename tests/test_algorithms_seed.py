@@ -6,6 +6,7 @@ own update, FedAvg, hand-computed similarity graphs, a hand-rolled IMA loop, the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.base import ClientTask, has
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.fedmim import FedMIM, FedMIMParams
 from rayfl.algorithms.fedmsi import FedMSI, FedMSIParams, csr_to_dense, dense_graph, orient
@@ -108,7 +109,7 @@ def test_fedmim_one_step_matches_algorithm1():
     d1, d2 = (xs[1] - xs[2]) / K, (xs[0] - xs[1]) / K  # newest first
     m_a, m_b = alpha[0] * d1 + alpha[1] * d2, beta[0] * d1 + beta[1] * d2
     bc = algo.broadcast(st, 2)
-    rule = algo.client_begin(bc, None, 2, lr)
+    rule = algo.client_begin(ClientTask(0, 2, lr, 1.0, bc, None))
     y = torch.arange(D, dtype=DT)
     _, g = clients[0].grad_fn(rule.grad_point(y), None)
     step = y - lr * rule.direction(g, y, lr)
@@ -351,13 +352,14 @@ def test_ima_start_round_and_wrap():
 
 
 class _Recorder(FedAvg):
-    """FedAvg with a moments reset hook that counts its calls."""
+    """FedAvg (η_g = 1) whose server optimizer counts as adaptive; counts moment resets."""
 
-    def __init__(self, name="fedavg"):
+    def __init__(self):
         super().__init__()
-        self.name, self.resets = name, []
+        self.server_opt = dataclasses.replace(self.server_opt, adaptive=True)
+        self.resets = []
 
-    def reset_moments(self, state):
+    def reset_server_opt(self, state):
         self.resets.append(True)
         return dict(state)
 
@@ -384,7 +386,7 @@ def test_ima_resets_inner_moments_once_at_start_and_only_when_asked():
 def test_ima_target_mode_equals_output_mode_for_unit_server_step():
     """Averaging the pseudo-targets then stepping with η_g = 1 lands on the same mean."""
     _, sent_out = _run(IMA(FedAvg(), window=3, start=2))
-    target = IMA(_Recorder(name="fedadam"), window=3, start=2)
+    target = IMA(_Recorder(), window=3, start=2)
     assert target.average == "target"
     _, sent_tgt = _run(target)
     for a, b in zip(sent_out, sent_tgt):
@@ -405,9 +407,10 @@ def test_ima_fedadam_moments_restart_on_mean_target():
 
 def test_ima_delegates_hooks_to_inner():
     algo = IMA(msi(4), window=2, start=1)
-    assert algo.needs_setup and algo.needs_client_models and algo.name == "fedmsi"
+    assert has(algo, "client_setup") and has(algo, "receive_client_models")
+    assert algo.name == "fedmsi" and not has(IMA(FedAvg()), "client_setup")
     state = setup_msi(algo, HAND_INPUTS, torch.zeros(3, dtype=DT))
     assert "msi_A" in state and "ima_buf" in state
     wrapped = IMA(mim([0.5], [0.5], "participation"), window=2, start=1)
     assert wrapped.client_state_keys == ("mim_x", "mim_t")
-    assert isinstance(wrapped, Algorithm)
+    assert wrapped.client_begin == wrapped.inner.client_begin  # the inner's, not a copy

@@ -6,8 +6,8 @@ from rayfl.algorithms.base import Algorithm
 
 
 def build(cfg, num_clients: int) -> Algorithm:
-    """The configured algorithm (wrapped in IMA when ``cfg.ima`` is set)."""
-    from rayfl.algorithms import registry
+    """The configured algorithm (with its ``server_opt``; wrapped in IMA when ``cfg.ima`` is set)."""
+    from rayfl.algorithms import registry, server_opt
 
     cls = registry.get(cfg.algorithm.name)
     # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
@@ -15,8 +15,14 @@ def build(cfg, num_clients: int) -> Algorithm:
     weighting = cfg.aggregation.weighting
     if weighting == "auto":
         weighting = cls.paper_weighting
-    algo = cls(cfg.algorithm.params, weighting=weighting,
-               num_clients=num_clients, rounds=cfg.rounds, local_momentum=momentum)
+    opt = None
+    if cfg.server_opt is not None:
+        o = cfg.server_opt
+        lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
+        opt = server_opt.build(o.name, lr, o.momentum, o.nesterov, o.beta1, o.beta2, o.tau,
+                               o.v_init)
+    algo = cls(cfg.algorithm.params, weighting=weighting, num_clients=num_clients,
+               local_momentum=momentum, server_opt=opt)
     if cfg.ima is not None:
         from rayfl.algorithms.ima import wrap_ima
 

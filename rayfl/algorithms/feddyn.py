@@ -50,7 +50,7 @@ class FedDyn(Algorithm):
         return {"algorithm.alpha": {"low": 1e-4, "high": 1.0, "log": True}}
 
     def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "h": torch.zeros_like(x0)}
+        return {**super().server_init(x0), "h": torch.zeros_like(x0)}
 
     @staticmethod
     def _g_hat(task: ClientTask) -> Vec:

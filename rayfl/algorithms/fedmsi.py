@@ -196,7 +196,7 @@ class FedMSI(Algorithm):
         return new
 
     def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "msi_x0": x0.clone()}
+        return {**super().server_init(x0), "msi_x0": x0.clone()}
 
     # ----- graph access ------------------------------------------------------------------
     @staticmethod

@@ -46,7 +46,7 @@ class Scaffold(Algorithm):
     accepts_server_opt = True
 
     def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "c": torch.zeros_like(x0)}
+        return {**super().server_init(x0), "c": torch.zeros_like(x0)}
 
     def broadcast(self, state: State, t: int) -> dict[str, Vec]:
         return {"x": state["x"], "c": state["c"]}

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import ray
 
 from rayfl.metrics.live import LiveMetrics
 from rayfl.models import sha256_of
@@ -26,7 +27,7 @@ class MetricsLog:
         self.run_dir, self.cfg = run_dir, cfg
         self.path = os.path.join(run_dir, "metrics.parquet")
         self.rows: list[dict] = []
-        self.live = LiveMetrics(cfg.name)
+        self.live = LiveMetrics(cfg.name) if ray.is_initialized() else None  # Ray's gauges
 
     def truncate(self, last_round: int) -> None:
         """Keep the rows of rounds ≤ ``last_round`` (resume after a crash)."""
@@ -39,7 +40,8 @@ class MetricsLog:
         """Add one round's metrics (and publish them as Ray metrics)."""
         row = {k: _plain(v) for k, v in row.items()}
         self.rows.append(row)
-        self.live.publish(row)
+        if self.live is not None:
+            self.live.publish(row)
 
     def flush(self) -> None:
         """Rewrite ``metrics.parquet`` (atomically)."""

@@ -22,10 +22,10 @@ from torch import nn
 from rayfl import algorithms
 from rayfl.data.regime import RESPLIT, regime_rows
 from rayfl.models import FlatModel, build_for
-from rayfl.runtime.aggregate import PartialSum
-from rayfl.runtime.inprocess import client_rng, run_client
+from rayfl.runtime.inprocess import train_groups
 from rayfl.runtime.local import spec_from_config
 from rayfl.runtime.state_store import StateStore
+from rayfl.transforms import transforms_from_config
 
 
 def peak_rss_mb() -> float:
@@ -59,6 +59,7 @@ class ClientWorker:
         self.spec = spec_from_config(cfg.local)
         self.store = StateStore(state_root, budget_bytes)
         self.loss_fn = nn.CrossEntropyLoss()
+        self.transforms = transforms_from_config(cfg)
 
     def ready(self) -> dict:
         """Where this actor landed: node, GPUs Ray assigned, torch device and threads."""
@@ -67,14 +68,24 @@ class ClientWorker:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
                 "threads": torch.get_num_threads()}
 
-    def _grad_fn(self, x: torch.Tensor, y: torch.Tensor):
+    def _source(self, t: int, round_clients: np.ndarray | None):
+        """client id -> (gradient function on its rows, sample count) for round ``t``."""
+        resplit = regime_rows(self.reader, self.cfg.data.regime, round_clients, t, self.seed) \
+            if self.cfg.data.regime in RESPLIT else None
         model, loss_fn = self.model, self.loss_fn
 
-        def grad_fn(point, idx):
-            idx_t = torch.from_numpy(idx).to(x.device)
-            return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
+        def source(client: int):
+            raw_x, raw_y = self.reader.client(client) if resplit is None else \
+                self.reader.rows(resplit[client])
+            x, y = self.reader.tensors(raw_x, raw_y, self.device)
 
-        return grad_fn
+            def grad_fn(point, idx):
+                idx_t = torch.from_numpy(idx).to(x.device)
+                return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
+
+            return grad_fn, len(raw_y)
+
+        return source
 
     def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups,
               keep_dir: str | None = None, round_clients: np.ndarray | None = None) -> dict:
@@ -86,36 +97,18 @@ class ClientWorker:
         """
         start = time.perf_counter()
         bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
-        keep_models = self.algorithm.needs_client_models
-        sums, written = [], []
-        resplit = regime_rows(self.reader, self.cfg.data.regime, round_clients, t, self.seed) \
-            if self.cfg.data.regime in RESPLIT else None
-        for group, tasks in groups:
-            acc = PartialSum()
-            for client, weight, version, budget in tasks:
-                raw_x, raw_y = self.reader.client(client) if resplit is None else \
-                    self.reader.rows(resplit[client])
-                x, y = self.reader.tensors(raw_x, raw_y, self.device)
-                cstate = self.store.load(client, version)
-                if cstate is not None:
-                    cstate = {k: v.to(self.device) for k, v in cstate.items()}
-                out = run_client(self.algorithm, bc_t, cstate, self._grad_fn(x, y), len(raw_y),
-                                 self.spec, lr, t, weight, client_rng(self.seed, t, client),
-                                 budget, client_id=client)
-                if keep_dir is not None:
-                    np.save(os.path.join(keep_dir, f"client-{client}.npy"),
-                            out.y.detach().cpu().numpy())
-                if out.result.state is not None:
-                    self.store.save(client, t, out.result.state)
-                    written.append(client)
-                acc.add_client(client, out.delta, weight, out.steps, len(raw_y), out.loss,
-                               out.result, out.y if keep_models else None)
-            sums.append((group, acc.to("cpu")))
-        return {"sums": sums, "written": written, "seconds": time.perf_counter() - start,
+        on_model = None if keep_dir is None else (
+            lambda c, y: np.save(os.path.join(keep_dir, f"client-{c}.npy"),
+                                 y.detach().cpu().numpy()))
+        sums, written = train_groups(self.algorithm, groups, bc_t, lr, t, self.seed,
+                                     self._source(t, round_clients), self.store, self.spec,
+                                     self.transforms, on_model)
+        return {"sums": [(g, acc.to("cpu")) for g, acc in sums], "written": written,
+                "seconds": time.perf_counter() - start,
                 "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb()}
 
     def setup_summaries(self, client_ids) -> np.ndarray:
-        """The algorithm's one-off per-client summaries (fedmsi), one row per client."""
+        """The algorithm's one-off per-client summaries (``client_setup``), one row per client."""
         rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
         return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
 

@@ -1,24 +1,28 @@
-"""One client's round, and a single-process round loop over explicit gradient functions.
+"""Training the clients of a round's groups, wherever an executor runs them.
 
-:func:`run_client` is what a client actor does for each sampled client. :func:`simulate` drives
-an algorithm in one process over clients given as gradient functions (quadratics in the tests):
-the reference against which the math of every algorithm is checked, using the same client code
-path and the same :class:`PartialSum` as the Ray runtime.
+:func:`train_groups` is what every executor does with the groups it is handed: for each client
+in order, load its state, run the algorithm's local rule, pass the update through the
+aggregation transforms, save the new state and add the result to the group's
+:class:`PartialSum`. A Ray client actor, the in-process executor and the gradient-function
+executor of the math tests (:func:`simulate`) all call it, so there is one client code path.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Algorithm, ClientResult, Vec
-from rayfl.runtime.aggregate import PartialSum, drift_metrics
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, has
+from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.local import GradFn, LocalSpec, train_client
 
 BATCH_STREAM = 1  # purpose tag of the minibatch-order generator
+
+#: one client's work order: (client id, aggregation weight, state version, step budget or None)
+Work = tuple[int, float, int, "int | None"]
 
 
 def client_rng(seed: int, t: int, client_id: int, purpose: int = BATCH_STREAM):
@@ -37,58 +41,137 @@ class ClientOutcome:
     result: ClientResult
 
 
-def run_client(algorithm: Algorithm, bc: dict[str, Vec], cstate: dict[str, Vec] | None,
-               grad_fn: GradFn, n: int, spec: LocalSpec, lr: float, t: int, weight: float,
-               rng: np.random.Generator, max_steps: int | None = None,
-               client_id: int | None = None) -> ClientOutcome:
-    """Local training of one client from ``bc["x"]`` under the algorithm's rule."""
-    rule = algorithm.client_begin(bc, cstate, t, lr, client_id=client_id)
-    y, steps, loss = train_client(rule, bc["x"], grad_fn, n, spec, lr, rng, max_steps)
-    result = algorithm.client_end(bc, cstate, y, steps, lr, weight, t)
-    return ClientOutcome(y, bc["x"] - y, steps, loss, result)
+def run_client(algorithm: Algorithm, task: ClientTask, grad_fn: GradFn, n: int,
+               spec: LocalSpec, rng: np.random.Generator,
+               max_steps: int | None = None) -> ClientOutcome:
+    """Local training of one client from ``task.bc["x"]`` under the algorithm's rule."""
+    x = task.bc["x"]
+    rule = algorithm.client_begin(task)
+    y, steps, loss = train_client(rule, x, grad_fn, n, spec, task.lr, rng, max_steps)
+    result = algorithm.client_end(task, y, steps)
+    return ClientOutcome(y, x - y, steps, loss, result)
 
 
+class Store(Protocol):
+    """Versioned client state (:class:`rayfl.runtime.state_store.StateStore` or in memory)."""
+
+    def load(self, client: int, version: int) -> dict[str, Vec] | None: ...
+
+    def save(self, client: int, version: int, state: dict[str, Vec]) -> None: ...
+
+
+class MemoryStore:
+    """Client state in a dict (the math tests; no budget, nothing spilled)."""
+
+    def __init__(self):
+        self.states: dict[tuple[int, int], dict[str, Vec]] = {}
+
+    def load(self, client: int, version: int) -> dict[str, Vec] | None:
+        return self.states.get((client, version)) if version >= 0 else None
+
+    def save(self, client: int, version: int, state: dict[str, Vec]) -> None:
+        self.states[(client, version)] = state
+
+
+#: client id -> (gradient function, sample count) for the round
+Source = Callable[[int], tuple[GradFn, int]]
+
+
+def train_groups(algorithm: Algorithm, groups: Iterable[tuple[int, Sequence[Work]]],
+                 bc: dict[str, Vec], lr: float, t: int, seed: int, source: Source,
+                 store: Store, spec: LocalSpec, transforms=None,
+                 on_model: Callable[[int, Vec], None] | None = None):
+    """Train every client of every group; returns ([(group, PartialSum)], clients written).
+
+    ``on_model(client, y)`` sees each client's final local model (analysis keeps them).
+    """
+    keep_models = has(algorithm, "receive_client_models")
+    sums, written = [], []
+    for group, tasks in groups:
+        acc = PartialSum()
+        for client, weight, version, budget in tasks:
+            grad_fn, n = source(client)
+            task = ClientTask(client, t, lr, weight, bc, store.load(client, version))
+            out = run_client(algorithm, task, grad_fn, n, spec, client_rng(seed, t, client),
+                             budget)
+            if on_model is not None:
+                on_model(client, out.y)
+            if out.result.state is not None:
+                store.save(client, t, out.result.state)
+                written.append(client)
+            delta = out.delta if transforms is None else transforms.client(out.delta, t, client)
+            acc.add_client(client, delta, weight, out.steps, n, out.loss, out.result,
+                           out.y if keep_models else None)
+        sums.append((group, acc))
+    return sums, written
+
+
+# ----- the math tests' executor: clients as gradient functions ---------------------------------
 @dataclass
 class Client:
-    """A client for :func:`simulate`: a gradient function and its sample count."""
+    """A client given as a gradient function and its sample count (plus raw inputs, optional,
+    for algorithms with a ``client_setup`` capability)."""
 
     grad_fn: GradFn
     n: int
+    inputs: np.ndarray | None = None
+
+
+class FunctionExecutor:
+    """Runs groups in this process over :class:`Client` gradient functions."""
+
+    def __init__(self, algorithm: Algorithm, clients: Sequence[Client], spec: LocalSpec,
+                 seed: int = 0, store: MemoryStore | None = None, transforms=None):
+        self.algorithm, self.clients, self.spec, self.seed = algorithm, clients, spec, seed
+        self.store = store if store is not None else MemoryStore()
+        self.transforms = transforms
+
+    def summaries(self, client_ids) -> np.ndarray:
+        return np.stack([np.asarray(self.algorithm.client_setup(self.clients[i].inputs, None),
+                                    dtype=np.float64) for i in client_ids])
+
+    def run(self, t, bc, lr, groups, keep_dir=None, round_clients=None) -> list[dict]:
+        source = (lambda c: (self.clients[c].grad_fn, self.clients[c].n))
+        sums, written = train_groups(self.algorithm, groups, bc, lr, t, self.seed, source,
+                                     self.store, self.spec, self.transforms)
+        return [{"sums": sums, "written": written}]
 
 
 def simulate(algorithm: Algorithm, x0: Vec, clients: Sequence[Client], spec: LocalSpec,
              rounds: int, lr0: float, lr_decay: float = 1.0, seed: int = 0,
              sample: Callable[[int], Sequence[int]] | None = None,
-             state=None, client_states: dict | None = None, start_round: int = 0):
-    """Run ``rounds`` rounds in-process; returns (server state, per-round metrics, client states).
+             state=None, client_states: dict | None = None, start_round: int = 0,
+             transforms=None):
+    """Run ``rounds`` rounds in-process through the round loop; returns (server state,
+    per-round metrics, latest client states by id).
 
-    ``sample(t)`` gives the participants of round t (default: all clients).
+    ``sample(t)`` gives the participants of round t (default: all clients). Clients with
+    ``inputs`` go through the algorithm's ``client_setup`` capability before the first round.
+    ``transforms`` is an aggregation-transform chain (:mod:`rayfl.transforms`).
     """
-    state = algorithm.server_init(x0) if state is None else state
-    client_states = {} if client_states is None else client_states
+    from rayfl.runtime.loop import RoundLoop
+
+    store = MemoryStore()
+    executor = FunctionExecutor(algorithm, clients, spec, seed, store, transforms)
+    loop = RoundLoop(algorithm, executor, np.array([c.n for c in clients]), shards=1,
+                     transforms=transforms)
+    for i, s in (client_states or {}).items():
+        store.save(i, start_round - 1, s)
+        loop.versions[i] = start_round - 1
+    if state is None:
+        state = algorithm.server_init(x0)
+        if has(algorithm, "client_setup") and all(c.inputs is not None for c in clients):
+            state = loop.setup(state)
     history, prev = [], None
     for t in range(start_round, start_round + rounds):
-        ids = list(range(len(clients))) if sample is None else sorted(sample(t))
-        bc = algorithm.broadcast(state, t)
+        ids = np.arange(len(clients)) if sample is None else np.sort(np.asarray(sample(t)))
         lr = algorithm.local_lr(t, lr0, lr_decay)
-        weights = algorithm.aggregation_weights(state, ids, [clients[i].n for i in ids])
-        acc = PartialSum()
-        for i, w in zip(ids, weights):
-            out = run_client(algorithm, bc, client_states.get(i), clients[i].grad_fn,
-                             clients[i].n, spec, lr, t, w, client_rng(seed, t, i), client_id=i)
-            if out.result.state is not None:
-                client_states[i] = out.result.state
-            acc.add_client(i, out.delta, w, out.steps, clients[i].n, out.loss, out.result,
-                           out.y if algorithm.needs_client_models else None)
-        if algorithm.needs_client_models:
-            state = algorithm.receive_client_models(state, acc.client_ids,
-                                                    torch.stack(acc.client_models))
-        agg = acc.finalize(len(ids), len(clients), x0.numel(), x0.dtype)
-        state, metrics = algorithm.server_update(state, agg, t)
-        metrics = {**drift_metrics(agg, prev), **metrics, "round": t}
-        prev = agg.delta_mean
-        history.append(metrics)
-    return state, history, client_states
+        out = loop.run(state, t, ids, None, lr, len(ids))
+        state = out.state
+        history.append({**out.drift(prev), **out.metrics, "round": t})
+        prev = out.agg.delta_mean if out.agg.count else prev
+    latest = {int(c): store.load(int(c), int(v)) for c, v in enumerate(loop.versions) if v >= 0}
+    return state, history, latest
 
 
 def quadratic_client(a: Vec, b: Vec, n: int = 1) -> Client:

@@ -1,16 +1,13 @@
-"""The server (driver) actor: samples, dispatches, aggregates, evaluates and checkpoints.
+"""The server: samples, runs the round loop on an executor, evaluates and checkpoints.
 
-The round loop lives here, not in the user's process: the user's process starts this actor and
-polls :meth:`Server.progress`. Per round the server asks the availability model for a plan,
-splits the dispatched clients into ``runtime.logical_shards`` groups balanced by sample count
-(groups depend only on the sampled set), hands whole groups to the least-loaded actors, and
-merges the groups' partial sums in group order — so the model's bytes do not depend on how
-many actors there are.
+The run loop lives here, not in the user's process: with the Ray executor the user's process
+starts this class as an actor and polls :meth:`Server.progress`; with the in-process executor it
+runs in the user's process. Per round the server asks the availability model for a plan and
+hands the dispatched clients to :class:`~rayfl.runtime.loop.RoundLoop`, which is the round.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import os
 import shutil
@@ -22,35 +19,29 @@ import torch
 from torch import nn
 
 from rayfl import algorithms
+from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
 from rayfl.metrics.log import MetricsLog
 from rayfl.models import rec_metrics
 from rayfl.runtime import checkpoint
-from rayfl.runtime.aggregate import PartialSum, drift_metrics
-from rayfl.runtime.client_actor import model_for, peak_rss_mb
+from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
+from rayfl.runtime.executors import InProcessExecutor, RayExecutor
+from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.local import spec_from_config
 from rayfl.runtime.state_store import delete_versions
+from rayfl.transforms import transforms_from_config
 
 
 PROGRESS_KEYS = ("train_loss", "test_accuracy", "test_loss", "val_accuracy", "val_loss",
                  "round_s")
 
 
-def balance(loads: np.ndarray, bins: int) -> list[list[int]]:
-    """Greedy LPT: item indices into ``bins`` bins, heaviest first; ties by lowest index."""
-    out: list[list[int]] = [[] for _ in range(bins)]
-    heap = [(0, b) for b in range(bins)]
-    for i in sorted(range(len(loads)), key=lambda i: (-loads[i], i)):
-        load, b = heapq.heappop(heap)
-        out[b].append(i)
-        heapq.heappush(heap, (load + int(loads[i]), b))
-    return out
-
-
 class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
-    def __init__(self, cfg, handle, run_dir: str, actor_names: list[str], resume: bool = False):
+    def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
+                 resume: bool = False):
+        """``actor_names``: the client actors to train on (None: train in this process)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
@@ -64,14 +55,20 @@ class Server:
         self.sampler = make_sampler(
             cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
             model_bytes=self.model.w.numel() * self.model.w.element_size())
-        self.actors = [ray.get_actor(n) for n in actor_names]
+        if actor_names is None:
+            worker = ClientWorker(cfg, handle, self.state_root,
+                                  cfg.runtime.state_memory_mb * 2**20)
+            executor = InProcessExecutor(worker)
+        else:
+            executor = RayExecutor(actor_names, self.sizes)
+        self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
+                              transforms_from_config(cfg))
         reader = handle.open()
         self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
         self.log = MetricsLog(run_dir, cfg)
         self.progress_rows: list[dict] = []
-        self.pending_delete: list[tuple[int, int]] = []
         self.stop_requested = False
         if resume:
             self._restore(checkpoint.load(run_dir))
@@ -83,27 +80,19 @@ class Server:
         shutil.rmtree(self.state_root, ignore_errors=True)  # leftovers of a run never checkpointed
         x0 = self.model.w.detach().clone()
         self.state = self.algorithm.server_init(x0)
-        self.versions = np.full(self.handle.num_clients, -1, dtype=np.int32)
         self.prev_delta = None
         self.next_round = 0
         self.virtual_time = 0.0
         self.elapsed_before = 0.0
-        if self.algorithm.needs_setup:
-            self._setup()
+        if has(self.algorithm, "client_setup"):
+            self.state = self.loop.setup(self.state)
 
     def _restore(self, ck: dict) -> None:
-        self.state, self.versions = ck["state"], ck["versions"]
+        self.state, self.loop.versions = ck["state"], ck["versions"]
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
-        checkpoint.prune_state(self.state_root, self.versions)
-
-    def _setup(self) -> None:
-        ids = np.arange(self.handle.num_clients)
-        chunks = np.array_split(ids, len(self.actors))
-        rows = ray.get([a.setup_summaries.remote(c) for a, c in zip(self.actors, chunks)])
-        self.state = self.algorithm.server_setup(self.state, ids,
-                                                 torch.from_numpy(np.concatenate(rows)))
+        checkpoint.prune_state(self.state_root, self.loop.versions)
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -114,10 +103,12 @@ class Server:
         """Pause after the current round (checkpointed; ``rayfl resume`` continues)."""
         self.stop_requested = True
 
-    def run(self, max_rounds: int | None = None) -> dict:
+    def run(self, max_rounds: int | None = None, on_progress=None) -> dict:
         """Run the remaining rounds (at most ``max_rounds`` now); returns the summary.
 
         A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
+        ``on_progress(row)`` (in-process runs) sees each round's headline numbers as they come;
+        returning True pauses after that round.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -137,6 +128,8 @@ class Server:
             self.log.flush()
             self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
                 k: v for k, v in row.items() if k in PROGRESS_KEYS}})
+            if on_progress is not None and on_progress(self.progress_rows[-1]):
+                self.stop_requested = True
             if (row["completed"] and not np.isfinite(row["train_loss"])) or not torch.isfinite(
                     self.algorithm.deployed(self.state)).all():
                 return self.log.finish(self._final_model(), diverged_at=t)
@@ -148,69 +141,37 @@ class Server:
         """One communication round; returns its metrics row."""
         tick = time.perf_counter()
         plan = self.sampler.plan(t, self.virtual_time)
-        clients = plan.clients
-        budgets = plan.step_budget
-        weights = self.algorithm.aggregation_weights(self.state, clients, self.sizes[clients])
-        bc = {k: v.detach().cpu().numpy() for k, v in self.algorithm.broadcast(self.state, t)
-              .items()}
         lr = self.algorithm.local_lr(t, self.cfg.local.lr, self.cfg.local.lr_decay)
-        groups = balance(self.sizes[clients], min(self.cfg.runtime.logical_shards, len(clients)))
-        group_load = np.array([self.sizes[clients[g]].sum() for g in groups])
-        per_actor = balance(group_load, len(self.actors))
-        plan_s = time.perf_counter() - tick
-
+        num_sampled = len(plan.clients) + len(plan.dropped)
         keep_dir = self._keep_dir(t)
         if keep_dir is not None:
-            np.save(os.path.join(keep_dir, "start.npy"), bc["x"])
-        tick = time.perf_counter()
-        bc_ref = ray.put(bc)
-        clients_ref = ray.put(clients) if self.cfg.data.regime else None
-        calls = []
-        for actor, gids in zip(self.actors, per_actor):
-            if not gids:
-                continue
-            work = [(g, [(int(clients[i]), float(weights[i]), int(self.versions[clients[i]]),
-                          None if budgets is None else int(budgets[i])) for i in groups[g]])
-                    for g in sorted(gids)]
-            calls.append(actor.train.remote(t, bc_ref, lr, work, keep_dir, clients_ref))
-        results = ray.get(calls)
-        train_s = time.perf_counter() - tick
+            start = self.algorithm.broadcast(self.state, t)["x"]
+            np.save(os.path.join(keep_dir, "start.npy"), start.detach().cpu().numpy())
+        plan_s = time.perf_counter() - tick
 
+        out = self.loop.run(self.state, t, plan.clients, plan.step_budget, lr, num_sampled,
+                            keep_dir)
         tick = time.perf_counter()
-        by_group = dict(pair for r in results for pair in r["sums"])
-        total = PartialSum()
-        for g in sorted(by_group):
-            total.merge(by_group[g])
-        for r in results:
-            for c in r["written"]:
-                if self.versions[c] >= 0:
-                    self.pending_delete.append((c, int(self.versions[c])))
-                self.versions[c] = t
-        if self.algorithm.needs_client_models and total.client_ids:
-            self.state = self.algorithm.receive_client_models(
-                self.state, total.client_ids, torch.stack(total.client_models))
-        x = self.algorithm.deployed(self.state)
-        agg = total.finalize(len(clients) + len(plan.dropped), self.handle.num_clients,
-                             x.numel(), x.dtype)
-        self.state, own = self.algorithm.server_update(self.state, agg, t)
-        drift = drift_metrics(agg, self.prev_delta)
+        self.state, agg, total = out.state, out.agg, out.total
+        drift = out.drift(self.prev_delta)
         self.prev_delta = agg.delta_mean if agg.count else self.prev_delta
         self.virtual_time += plan.duration
         if keep_dir is not None:
             self._keep_global(keep_dir)
-        agg_s = time.perf_counter() - tick
+        agg_s = out.aggregate_s + time.perf_counter() - tick
+        reports = out.reports
         return {
             **plan.metrics,
-            "round": t, "lr": lr, "sampled": len(clients) + len(plan.dropped),
+            "round": t, "lr": lr, "sampled": num_sampled,
             "completed": agg.count, "train_loss": total.loss_sum / max(total.count, 1)
             if total.count else float("nan"),
             "samples": total.samples, "local_steps": total.steps,
-            "virtual_time_s": self.virtual_time, **drift, **own,
-            "plan_s": plan_s, "train_s": train_s, "aggregate_s": agg_s,
-            "actor_train_s_max": max((r["seconds"] for r in results), default=0.0),
-            "actor_peak_rss_mb": max((r["peak_rss_mb"] for r in results), default=0.0),
+            "virtual_time_s": self.virtual_time, **drift, **out.metrics,
+            "plan_s": plan_s, "train_s": out.train_s, "aggregate_s": agg_s,
+            "actor_train_s_max": max((r["seconds"] for r in reports), default=0.0),
+            "actor_peak_rss_mb": max((r["peak_rss_mb"] for r in reports), default=0.0),
             "server_peak_rss_mb": peak_rss_mb(),
-            "round_s": plan_s + train_s + agg_s,
+            "round_s": plan_s + out.train_s + agg_s,
         }
 
     def _keep_dir(self, t: int) -> str | None:
@@ -259,11 +220,11 @@ class Server:
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
         checkpoint.save(self.run_dir, {
-            "round": t, "state": self.state, "versions": self.versions,
+            "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed})
-        delete_versions(self.state_root, self.pending_delete)
-        self.pending_delete = []
+        delete_versions(self.state_root, self.loop.superseded)
+        self.loop.superseded = []
 
     def _final_model(self) -> np.ndarray:
         return self.algorithm.deployed(self.state).detach().cpu().numpy().astype(np.float32)
