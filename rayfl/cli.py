@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from rayfl.schema import ConfigError
+from rayfl.simulation import RunStopped
 
 
 def _cmd_run(args) -> int:
@@ -163,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
         return 2
+    except RunStopped as e:
+        print(f"rayfl: run stopped: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ config's ``ima`` settings, or its defaults). Every run keeps the base config but
 ``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults; an
 algorithm class may adjust its own run with a ``compare_variant(raw) -> raw`` classmethod (FedMIM
 runs plain SGD at the same effective step size, its inertial step replacing local momentum).
+``aggregation.weighting`` stays the base's; at ``auto`` (the default) every algorithm gets its
+paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto`` for the algorithms
+that do not define it.
 Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
 wall time) and ``accuracy.png`` into the comparison directory.
 """
@@ -28,6 +31,10 @@ def variant(base: dict, entry: str) -> dict:
         raise ConfigError("--algorithms", entry, "NAME or NAME+ima")
     raw = dict(base)
     raw["algorithm"] = {"name": name}
+    weighting = base.get("aggregation", {}).get("weighting", "auto")
+    defined = getattr(registry.resolve("algorithm", name), "extra_weightings", ())
+    if weighting not in ("auto", "samples", "uniform") + tuple(defined):
+        raw["aggregation"] = {**base["aggregation"], "weighting": "auto"}
     adjust = getattr(registry.resolve("algorithm", name), "compare_variant", None)
     if adjust is not None:
         raw = adjust(raw)

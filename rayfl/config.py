@@ -75,12 +75,23 @@ class LocalConfig:
     lr: float = field(0.01, doc="initial local learning rate η_0", lo=0.0, lo_open=True)
     lr_decay: float = field(1.0, doc="per-round lr factor: η_l(t) = η_0·decay^t", lo=0.0, hi=1.0,
                             lo_open=True)
-    momentum: float = field(0.0, doc="SGD momentum (reset every round)", lo=0.0, hi=1.0,
-                            hi_open=True)
-    weight_decay: float = field(0.0, doc="L2 weight decay", lo=0.0)
-    clip_norm: Optional[float] = field(None, doc="clip each step's direction to this norm",
+    momentum: float = field(0.0, doc="SGD heavy-ball momentum ρ (buffer reset every round; "
+                                     "0 with adam)", lo=0.0, hi=1.0, hi_open=True)
+    weight_decay: float = field(0.0, doc="L2 weight decay: wd·y added to the clipped loss "
+                                         "gradient, as torch's SGD/Adam weight_decay", lo=0.0)
+    clip_norm: Optional[float] = field(None, doc="clip the minibatch loss gradient to this norm "
+                                                 "(torch clip_grad_norm_, eps 1e-6) before weight "
+                                                 "decay and the algorithm's correction",
                                        lo=0.0, lo_open=True)
-    optimizer: Literal["sgd", "adam"] = field("sgd", doc="local optimiser")
+    optimizer: Literal["sgd", "adam"] = field(
+        "sgd", doc="local optimiser, as torch.optim.SGD / torch.optim.Adam (betas 0.9, 0.999, "
+                   "eps 1e-8, state reset every round) on loss gradient + weight decay + the "
+                   "algorithm's correction; adam is refused by scaffold, fednova, adabest, fedmim")
+
+    def check(self, prefix: str) -> None:
+        if self.optimizer == "adam" and self.momentum:
+            raise ConfigError(f"{prefix}.momentum", self.momentum,
+                              "0 with optimizer adam (Adam's β1 = 0.9 is its momentum)")
 
 
 @dataclass(frozen=True)
@@ -88,8 +99,9 @@ class AggregationConfig:
     """How client updates are weighted."""
 
     weighting: Literal["auto", "samples", "uniform", "degree"] = field(
-        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi); auto: "
-                    "the algorithm's paper (uniform for adabest and fedmim, else samples)")
+        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi only); "
+                    "auto: the algorithm's paper (uniform for adabest and fedmim, degree for "
+                    "fedmsi, else samples)")
     transforms: list[dict] = field(
         factory=list, doc="aggregation transforms applied in order to each client update and "
                           "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
@@ -99,6 +111,33 @@ class AggregationConfig:
         from rayfl.transforms import validate
 
         validate(self.transforms, f"{prefix}.transforms")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """User-level differential privacy: DP-FedAvg (clip, Gaussian noise, fixed denominator)."""
+
+    noise_multiplier: float = field(1.0, doc="z: the noise on the sum of clipped updates has "
+                                             "standard deviation z·clip_norm", lo=0.0)
+    clip_norm: float = field(1.0, doc="S: every client's update Δ_i is scaled to ‖Δ_i‖ ≤ S",
+                             lo=0.0, lo_open=True)
+    delta: float = field(1e-5, doc="δ of the (ε, δ) guarantee; keep it below 1/clients",
+                         lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    sampling: Literal["fixed", "poisson"] = field(
+        "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
+                     "accountant, replace-one neighbours); poisson: each client with "
+                     "probability clients_per_round / clients")
+    accountant: Literal["rdp", "pld"] = field(
+        "rdp", doc="dp-accounting's RDP or PLD accountant (pld: poisson sampling only)")
+    target_epsilon: Optional[float] = field(
+        None, doc="stop after the last round whose ε stays within this (null: run every round)",
+        lo=0.0, lo_open=True)
+
+    def check(self, prefix: str) -> None:
+        if self.accountant == "pld" and self.sampling != "poisson":
+            raise ConfigError(f"{prefix}.accountant", self.accountant,
+                              "rdp with sampling: fixed (dp-accounting's PLD accountant models "
+                              "Poisson sampling only)")
 
 
 @dataclass(frozen=True)
@@ -144,6 +183,13 @@ class RuntimeConfig:
                                                     "detected; a logical count works without "
                                                     "one)", lo=0)
     dashboard: bool = field(False, doc="start the Ray dashboard with a local Ray")
+    actor_timeout_s: Optional[float] = field(
+        1800.0, doc="real seconds a client actor may take for its share of a round (and the "
+                    "server to answer) before it counts as hung: a hung client actor is "
+                    "restarted and its groups re-run; null: wait forever", lo=0.0, lo_open=True)
+    max_actor_restarts: int = field(
+        3, doc="restarts of each client actor that died or hung (its groups are re-run, the "
+               "result is unchanged); then the run stops, resumable", lo=0)
 
 
 @dataclass(frozen=True)
@@ -189,6 +235,8 @@ class Config:
     ima: Optional[IMAConfig] = field(None, doc="enable IMA (seed 004) with these settings")
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
+    privacy: Optional[PrivacyConfig] = field(
+        None, doc="user-level differential privacy (DP-FedAvg); ε per round in metrics.parquet")
     server_opt: Optional[ServerOptConfig] = field(
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
@@ -217,19 +265,77 @@ def from_dict(raw: dict) -> Config:
         raise ConfigError("<root>", raw, "a mapping of config keys")
     cfg = schema.build(Config, raw)
     cls = cfg.algorithm.component()
+    check_weighting(cls, cfg)
     cls.check_config(cfg.algorithm.params, cfg)
-    if cfg.server_opt is not None:
-        from rayfl.algorithms.base import Algorithm
-
-        if not cls.accepts_server_opt or cls.default_server_opt is not Algorithm.default_server_opt:
-            known = {n: registry.resolve("algorithm", n) for n in registry.names("algorithm")}
-            takes = ", ".join(n for n, c in known.items() if c.accepts_server_opt
-                              and c.default_server_opt is Algorithm.default_server_opt)
-            raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
-                              f"no server_opt with {cfg.algorithm.name} (algorithms that take "
-                              f"one: {takes}; fedavgm/fedadam/fedyogi/fedadagrad are fedavg "
-                              "presets)")
+    check_server_opt(cls, cfg)
+    check_privacy(cls, cfg)
     return cfg
+
+
+def check_server_opt(cls, cfg: Config) -> None:
+    """A ``server_opt`` section only for algorithms whose server step takes one."""
+    if cfg.server_opt is None:
+        return
+    from rayfl.algorithms import registry
+
+    def takes(c) -> bool:
+        return c.accepts_server_opt and not c.is_preset()
+
+    if not takes(cls):
+        names = ", ".join(n for n in registry.names() if takes(registry.get(n)))
+        raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
+                          f"no server_opt with {cls.name} (algorithms that take one: {names}; "
+                          "fedavgm/fedadam/fedyogi/fedadagrad are fedavg presets)")
+
+
+def check_privacy(cls, cfg: Config) -> None:
+    """DP-FedAvg's assumptions: uniform sampling, unit weights, a server update that only
+    post-processes the noised mean."""
+    if cfg.privacy is None:
+        return
+    from rayfl.algorithms import registry
+
+    if not cls.dp_post_processing:
+        ok = ", ".join(n for n in registry.names() if registry.get(n).dp_post_processing)
+        raise ConfigError("privacy", cls.name, f"an algorithm whose server only post-processes "
+                          f"the noised mean update ({ok}); {cls.name} sends or reads per-client "
+                          "quantities the mechanism does not privatise")
+    weighting = cfg.aggregation.weighting
+    if (cls.paper_weighting if weighting == "auto" else weighting) != "uniform":
+        raise ConfigError("aggregation.weighting", weighting,
+                          "uniform with privacy (DP-FedAvg's fixed-denominator estimator gives "
+                          "every client weight 1)")
+    if cfg.availability.model != "always":
+        raise ConfigError("availability.model", cfg.availability.model,
+                          "always with privacy (the accountant assumes uniform client sampling)")
+    if cfg.availability.overcommit != 1.0:
+        raise ConfigError("availability.overcommit", cfg.availability.overcommit,
+                          "1 with privacy (the accountant models clients_per_round draws)")
+    target = cfg.privacy.target_epsilon
+    if target is not None:
+        from rayfl import privacy
+
+        first = privacy.epsilon(1, **privacy.accounting(cfg))
+        if first > target:
+            raise ConfigError("privacy.target_epsilon", target,
+                              f"at least one round's ε = {first:.4g} (raise it, or the noise)")
+
+
+def check_weighting(cls, cfg: Config) -> None:
+    """``aggregation.weighting`` must mean something for the algorithm (degree: fedmsi only)."""
+    weighting = cfg.aggregation.weighting
+    allowed = ("auto", "samples", "uniform") + tuple(cls.extra_weightings)
+    if weighting not in allowed:
+        raise ConfigError("aggregation.weighting", weighting,
+                          f"one of {', '.join(allowed)} with {cls.name} ({weighting} weighting "
+                          "is defined only for " + _definers(weighting) + ")")
+
+
+def _definers(weighting: str) -> str:
+    from rayfl.algorithms import registry
+
+    return ", ".join(n for n in registry.names()
+                     if weighting in registry.get(n).extra_weightings)
 
 
 def to_dict(cfg: Config) -> dict:

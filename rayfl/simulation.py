@@ -56,7 +56,11 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
     state_root = os.path.join(run_dir, "state")
-    actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor)
+    env = {k: v for k, v in os.environ.items() if k.startswith("RAYFL_")}
+    actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
+                                  max_restarts=rt.max_actor_restarts,
+                                  max_task_retries=rt.max_actor_restarts,
+                                  runtime_env={"env_vars": env} if env else None)
               .remote(cfg, handle, state_root, budget) for n in names]
     placement = ray.get([a.ready.remote() for a in actors])
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
@@ -65,14 +69,37 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     return server, actors
 
 
-def _follow(server, quiet: bool, max_rounds: int | None, on_round) -> dict:
+class RunStopped(RuntimeError):
+    """The run could not go on (a dead server, lost client actors); its last checkpoint is
+    intact and ``rayfl resume`` continues it."""
+
+
+def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
+            max_rounds: int | None, on_round) -> dict:
     import ray
 
+    from rayfl.runtime.executors import ActorsLost
+
     ref = server.run.remote(max_rounds)
-    seen, stopping = 0, False
+    seen, stopping, started = 0, False, False
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
-        rows = ray.get(server.progress.remote(seen))
+        try:
+            # the first answer waits for the server's start-up; later ones must be prompt
+            rows = ray.get(server.progress.remote(seen), timeout=timeout_s if started else None)
+            started = True
+            if done:
+                summary = ray.get(ref)
+        except ray.exceptions.GetTimeoutError:
+            raise RunStopped(f"the server actor has not answered for {timeout_s:g} s "
+                             f"(runtime.actor_timeout_s); continue with: rayfl resume {run_dir}"
+                             ) from None
+        except ActorsLost as e:
+            raise RunStopped(f"{e}; the last checkpoint is intact; continue with: rayfl resume "
+                             f"{run_dir}") from None
+        except ray.exceptions.RayActorError:
+            raise RunStopped(f"the server actor died after round {seen}; the last checkpoint is "
+                             f"intact; continue with: rayfl resume {run_dir}") from None
         seen += len(rows)
         for info in rows:
             if not quiet:
@@ -81,7 +108,7 @@ def _follow(server, quiet: bool, max_rounds: int | None, on_round) -> dict:
                 server.request_stop.remote()
                 stopping = True
         if done:
-            return ray.get(ref)
+            return summary
 
 
 def progress_line(info: dict) -> str:
@@ -130,7 +157,8 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
         require_actor_resources(cfg)
         server, actors = _start(cfg, handle, run_dir, resume)
         try:
-            summary = _follow(server, quiet, max_rounds, on_round)
+            summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
+                              on_round)
         finally:
             for a in [server, *actors]:
                 ray.kill(a)

@@ -238,9 +238,10 @@ def test_fedopt_defaults_and_reset(name):
     assert (algo.server_lr, algo.p.beta1, algo.p.tau) == (0.01, 0.9, 1e-3)
     state = algo.server_init(X0)
     state, _ = algo.server_update(state, agg_of([torch.ones(D, dtype=F64)], [1.0]), 0)
-    reset = algo.reset_server_opt(state)
+    assert torch.allclose(algo.server_init(X0)["v"], torch.full((D,), 1e-6, dtype=F64))  # τ²
+    reset = algo.reset_server_opt(state)  # the IMA authors' reset: m = v = 0
     assert torch.equal(reset["x"], state["x"])
-    assert torch.all(reset["m"] == 0) and torch.allclose(reset["v"], torch.full((D,), 1e-6, dtype=F64))
+    assert torch.all(reset["m"] == 0) and torch.all(reset["v"] == 0)
 
 
 # ----- FedAvgM / FedProx / FedNova ---------------------------------------------------------------

@@ -3,6 +3,8 @@ aggregation transforms, algorithm capabilities."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -128,3 +130,36 @@ def test_inprocess_executor_gives_the_ray_executors_bytes(ray_local, tiny, monke
     in_process = rayfl.run(TINY, common + ["runtime.executor=inprocess"], quiet=True)
     assert in_process.summary["model_sha256"] == on_ray.summary["model_sha256"]
     assert in_process.metrics.num_rows == 3
+
+
+# ----- faults -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_client_actor_that_dies_or_hangs_mid_round_is_replaced_with_the_same_bytes(
+        ray_local, tiny, tmp_path, monkeypatch, fault):
+    """SIGKILL (death) or SIGSTOP (a hang, caught by the deadline) of a client actor at the
+    start of round 1: Ray restarts it, its groups run again, and the run ends with the bytes of
+    an unfaulted run."""
+    common = tiny + ["rounds=3", "algorithm.name=scaffold", "runtime.num_actors=2"]
+    clean = rayfl.run(TINY, common, quiet=True)
+    marker = tmp_path / f"{fault}.marker"
+    monkeypatch.setenv("RAYFL_FAULT", f"{fault}:1:{marker}")
+    faulted = rayfl.run(TINY, common + ["runtime.actor_timeout_s=30"], quiet=True)
+    assert marker.exists()  # the fault happened
+    assert faulted.summary["model_sha256"] == clean.summary["model_sha256"]
+    assert faulted.metrics.num_rows == 3
+
+
+def test_a_dead_server_actor_ends_the_run_with_the_resume_command(ray_local, tiny, tmp_path):
+    import ray
+
+    from rayfl.simulation import RunStopped
+
+    def kill_server(info):
+        if info["round"] == 0:
+            ray.kill(ray.get_actor(f"rayfl/{os.path.basename(run_dir)}/server"))
+
+    run_dir = str(tmp_path / "run")
+    with pytest.raises(RunStopped, match=f"rayfl resume {run_dir}"):
+        rayfl.run(TINY, tiny + ["rounds=50"], run_dir=run_dir, quiet=True, on_round=kill_server)
+    resumed = rayfl.resume(run_dir, quiet=True, max_rounds=1)
+    assert resumed.summary["status"] == "paused"

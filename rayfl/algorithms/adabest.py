@@ -9,6 +9,11 @@ Server keeps x̄_prev (init x_0):
 The deployed model is x̄ (the paper keeps it "for deployment"); x_{t+1} is reported as "next".
 With η_g = 1 (the paper) the server rule is Nesterov SGD (lr 1, momentum β) on x_t − x̄; other η_g
 scale the whole step: x_{t+1} = x_t + η_g (x̄ − h − x_t).
+
+Rejected combinations: Adam (h_i accumulates the SGD displacement x_t − y_i that the correction
+−μ h_i is scaled for; the paper trains with SGD only) and IMA (the deployed model is x̄, but IMA
+would average x_{t+1} = x̄ − h, and h is computed from x̄_prev, not from anything IMA keeps).
+Clipping acts on ∇f_i only, never on μ h_i.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
                                    ServerParams, State, Vec)
+from rayfl.algorithms.checks import reject_adam, reject_ima
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,7 @@ class AdaBest(Algorithm):
     name = "adabest"
     Params = AdaBestParams
     paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
+    dp_post_processing = True  # x̄ = x − Δ̄; h_i never leaves the client
     client_state_keys = ("h", "t_last")
 
     @classmethod
@@ -52,6 +59,13 @@ class AdaBest(Algorithm):
         """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
         return {"algorithm.beta": {"low": 0.7, "high": 0.999},
                 "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}}
+
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        reject_adam(cls.name, cfg, "h_i accumulates the SGD displacement x_t − y_i that its "
+                                   "correction −μ h_i is scaled for")
+        reject_ima(cls.name, cfg, "it deploys x̄, the plain client mean, while IMA would "
+                                  "average its next start x̄ − h")
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}

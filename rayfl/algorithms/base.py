@@ -120,10 +120,15 @@ class Algorithm:
     Params: ClassVar[type] = ServerParams
     #: what ``aggregation.weighting: auto`` means for this algorithm (its paper's choice)
     paper_weighting: ClassVar[str] = "samples"
+    #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
+    extra_weightings: ClassVar[tuple[str, ...]] = ()
     #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
     client_state_keys: ClassVar[tuple[str, ...]] = ()
     #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
     accepts_server_opt: ClassVar[bool] = False
+    #: the server update reads only Δ̄ (no per-client payload or second moments), so it is
+    #: post-processing of DP-FedAvg's noised mean (``privacy`` section)
+    dp_post_processing: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
                  local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):
@@ -154,6 +159,11 @@ class Algorithm:
     @classmethod
     def check_config(cls, params: Any, cfg: Any) -> None:
         """Rules that tie the algorithm to other config sections (raise ConfigError)."""
+
+    @classmethod
+    def is_preset(cls) -> bool:
+        """Whether the class fixes its own server optimizer (FedAvgM, FedAdam, ...)."""
+        return cls.default_server_opt is not Algorithm.default_server_opt
 
     # ----- server side -------------------------------------------------------------------
     def server_init(self, x0: Vec) -> State:
@@ -193,15 +203,15 @@ class Algorithm:
         """Further models worth evaluating each eval round, by metric prefix (e.g. AdaBest's x_{t+1})."""
         return {}
 
-    #: what IMA averages around this algorithm: its output x (``output``), or the plain average
-    #: of the client models fed to an adaptive server optimizer (``target``)
     @property
     def ima_average(self) -> str:
+        """What IMA averages around this algorithm: its output x (``output``), or the plain
+        average of the client models fed to an adaptive server optimizer (``target``)."""
         return "target" if self.server_opt.adaptive else "output"
 
     def reset_server_opt(self, state: State) -> State:
-        """``state`` with the server optimizer's state re-initialised (IMA's moment reset)."""
-        return {**state, **self.server_opt.init(state["x"])}
+        """``state`` with the server optimizer restarted (IMA's moment reset)."""
+        return {**state, **self.server_opt.restart(state["x"])}
 
     # ----- client side -------------------------------------------------------------------
     def client_begin(self, task: ClientTask) -> LocalRule:

@@ -11,3 +11,4 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
     accepts_server_opt = True
+    dp_post_processing = True

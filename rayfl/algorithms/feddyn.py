@@ -7,6 +7,13 @@ Client i keeps ĝ_i (init 0, its estimate of ∇f_i at the optimum); the server 
                  x ← mean_{S_t}(y_i) − h/α                    (= x_t − (Δ̄ + h/α))
 η_g scales the whole server step, x ← x_t − η_g (Δ̄ + h/α); the paper's rule is η_g = 1.
 The mean follows ``aggregation.weighting`` (the paper: uniform).
+
+Local optimiser: the paper lets clients solve their local problem with any solver, so SGD (with
+momentum) and Adam both run on its gradient g − ĝ_i + α (y − x_t) (+ wd·y). Clipping acts on g
+only; the FedDyn reference code instead clips the whole corrected gradient (``clip_grad_norm_``
+at 10 after adding the linear and proximal terms to the loss), which rescales −ĝ_i and the pull
+toward x_t whenever it binds. Under IMA the window averages FedDyn's x (= x̄ − h/α); h and ĝ_i
+are not averaged.
 """
 
 from __future__ import annotations

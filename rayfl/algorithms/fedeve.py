@@ -10,6 +10,10 @@ A scalar Kalman filter on the server momentum. Server state: M (init 0), s = σ_
                x_{t+1} = x_t − η_g M;  s ← (1 − K) ŝ
 Σ_k ‖D_k − D‖² = Σ‖D_k‖² − 2⟨D, Σ D_k⟩ + |S_t| ‖D‖², so only the runtime's sums travel.
 When ŝ + r = 0 (every D_k = D = M) K is taken as 1.
+
+IMA is rejected: clients start from the prediction x_t − η_g M, not from x_t, so an IMA mean of
+x_t would be moved again by −η_g M and the Kalman state M would filter updates measured from a
+point IMA never deployed.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, State, Vec
+from rayfl.algorithms.checks import reject_ima
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,11 @@ class FedEve(Algorithm):
 
     name = "fedeve"
     Params = FedEveParams
+
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        reject_ima(cls.name, cfg, "its clients start from the prediction x_t − η_g M, which "
+                                  "would shift the IMA mean again")
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "M": torch.zeros_like(x0), "s": 0.0}

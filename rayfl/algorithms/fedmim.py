@@ -28,7 +28,11 @@ History (``history``):
   the broadcast mode exactly.
 
 Weight decay (unspecified in the paper) is added by the runtime at y and is scaled by (1 − Σα)
-like the gradient. Defaults (paper): α = [0.6, 0.3], β = [0.9, 0.1], η_0 = 0.1, decay 0.998,
+like the gradient. Clipping (``local.clip_norm``, not in the paper) acts on g only, never on the
+inertial term. Rejected: local momentum and Adam (either would rescale the inertial step m_α/η_l,
+Adam into sign-like steps of a different length) and IMA (δ is measured between the un-averaged
+global models, so IMA would move the clients' start away from the history the inertia follows).
+Defaults (paper): α = [0.6, 0.3], β = [0.9, 0.1], η_0 = 0.1, decay 0.998,
 weight decay 1e-3, B = 50, E = 5.
 """
 
@@ -42,6 +46,7 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
                                    State, Vec)
+from rayfl.algorithms.checks import reject_adam, reject_ima
 from rayfl.schema import ConfigError
 
 
@@ -135,6 +140,8 @@ class FedMIM(Algorithm):
             raise ConfigError("local.momentum", cfg.local.momentum,
                               "0 with fedmim (its inertial step m_α is the momentum; local "
                               "momentum would amplify it by 1/(1 − momentum))")
+        reject_adam(cls.name, cfg, "Adam would rescale the inertial step m_α/η_l per coordinate")
+        reject_ima(cls.name, cfg, "its increments δ are taken between un-averaged global models")
 
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)

@@ -8,8 +8,10 @@ singular vector is arbitrary; raw pixels are non-negative, so the Perron vector 
 builds the similarity graph
     mis(i,j) = ½ (1 − m_iᵀ m_j) clamped to ≥ 1e-12,   A_ij = −ln mis(i,j),   A_ii = 0,
 dense for N ≤ ``dense_max_clients``, else each client's ``knn`` most similar clients (largest
-A_ij), symmetrised by union, computed in row blocks so no N × N matrix is ever built. With
-``aggregation.weighting: degree`` the aggregation weight is p_i ∝ deg_i = Σ_j A_ij.
+A_ij), symmetrised by union, computed in row blocks so no N × N matrix is ever built. The
+aggregation weight is p_i ∝ deg_i = Σ_j A_ij (``aggregation.weighting: degree``, which ``auto``
+means here: the paper weights by degree, for its method and its FedAvg baseline, and its Lemma 1
+needs those weights); ``samples`` and ``uniform`` remain available.
 
 Local step, with an anchor u_i fixed for the round:
     y ← y − η_l g(β y + (1 − β) u_i)          (β = 1 is FedAvg)
@@ -29,6 +31,9 @@ a client finds its own entries by binary search on its id. Per-client anchors wo
 Paper defaults (documented, not imposed here): β = 0.7 (grid 0.5 / 0.7 / 0.9), η_l = 1e-3 fixed,
 weight decay 1e-4, B = 256, E = 10 local epochs, full participation, degree weighting also for
 the FedAvg baseline. Weight decay is added by the runtime at y, not at the perturbed point.
+The rule only moves the gradient point, so clipping (of that gradient) and Adam act as on a plain
+model; under IMA the window holds the degree-weighted mean x, and anchors stay last round's
+client models.
 """
 
 from __future__ import annotations
@@ -166,6 +171,8 @@ class FedMSI(Algorithm):
     name = "fedmsi"
     Params = FedMSIParams
     accepts_server_opt = True
+    paper_weighting = "degree"
+    extra_weightings = ("degree",)
 
     # ----- set-up ------------------------------------------------------------------------
     @classmethod

@@ -7,6 +7,9 @@ its K_i local gradients received:
     a_i = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ)   (heavy-ball momentum ρ = local.momentum)
     d_i = Δ_i / a_i;   τ_eff = Σ p_i a_i;   x ← x − η_g τ_eff Σ p_i d_i
 Payload: Σ w_i a_i (``wa``) and Σ w_i Δ_i / a_i (``wd``).
+
+Adam is rejected: a_i counts the weights SGD gives its gradients, which Adam's per-coordinate
+steps do not follow. Under IMA (the authors' code) the window holds FedNova's updated x.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, ServerParams,
                                    State, Vec)
+from rayfl.algorithms.checks import reject_adam
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,11 @@ class FedNova(Algorithm):
 
     name = "fednova"
     Params = FedNovaParams
+
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        reject_adam(cls.name, cfg, "the normaliser a_i is the total weight SGD gives the K_i "
+                                   "local gradients")
 
     def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
         a, weight = self.effective_steps(steps), task.weight

@@ -9,7 +9,8 @@ an ascent step:
     v ← v + u²                                   (FedAdagrad)
     x ← x + η_g m / (√v + τ)
 No bias correction (as in the paper). m starts at 0 and v at v_init (the paper's Algorithm 2
-asks v_{-1} ≥ τ²; default τ²).
+asks v_{-1} ≥ τ²; default τ²). IMA's moment reset zeroes both m and v, as the IMA authors'
+code does at t_s.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Client step: the gradient of the proximal objective f_i(y) + (μ/2)‖y − x_t‖²,
     g ← g + μ (y − x_t);
 server as FedAvg: x ← x − η_g Δ̄. Stateless.
+
+Any local solver of the proximal objective is the paper's (γ-inexact solutions), so SGD, momentum
+and Adam all run on g + μ (y − x_t) (+ wd·y); clipping acts on g only. Under IMA (the authors'
+code) the proximal anchor x_t is the IMA mean the client received.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class FedProx(Algorithm):
     name = "fedprox"
     Params = FedProxParams
     accepts_server_opt = True
+    dp_post_processing = True  # the proximal term is the client's own computation
 
     @classmethod
     def search_space(cls) -> dict[str, dict]:

@@ -26,6 +26,10 @@ decay_after^(t − t_s) for the default schedule; paper: decay 0.99, decay_after
 inner's server optimizer is adaptive and ``reset_server_moments`` is set, its moments are
 re-initialised at t_s, before that round's update.
 
+IMA is refused (config error) around adabest (it deploys x̄, which IMA never averages), fedeve
+(its clients start from the mean − η_g·M) and fedmim (its increments are measured between
+un-averaged models).
+
 Everything else (client rule and state, capabilities, weights) is the inner's: the wrapper
 forwards every attribute it does not define.
 """

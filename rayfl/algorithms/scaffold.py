@@ -12,6 +12,12 @@ Local momentum ρ (``local.momentum``): heavy-ball SGD moves y by η_l Σ_j a_j 
 so K_i is replaced by ‖a_i‖₁ = [K_i − ρ (1 − ρ^{K_i}) / (1 − ρ)] / (1 − ρ) (FedNova's normaliser;
 K_i at ρ = 0). Dividing by K_i instead would inflate c_i by up to 1/(1 − ρ) every round, and the
 corrected local steps, momentum-amplified again, diverge.
+
+Local optimiser: clipping (``local.clip_norm``) acts on ∇f_i only, so c − c_i is never rescaled
+and c_i⁺ estimates the mean clipped gradient (+ weight decay) the client really followed. Adam is
+rejected: option II reads (x_t − y)/(K_i η_l) as the mean local direction, which only holds for
+SGD steps. Under IMA the window averages SCAFFOLD's x; the control variates (gradient estimates,
+not models) are not averaged.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
                                    ServerParams, State, Vec)
+from rayfl.algorithms.checks import reject_adam
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,11 @@ class Scaffold(Algorithm):
     Params = ScaffoldParams
     client_state_keys = ("c",)
     accepts_server_opt = True
+
+    @classmethod
+    def check_config(cls, params, cfg) -> None:
+        reject_adam(cls.name, cfg, "option II's c_i = c_i − c + (x_t − y)/(K η_l) assumes the "
+                                   "client moved by η_l per SGD direction")
 
     def server_init(self, x0: Vec) -> State:
         return {**super().server_init(x0), "c": torch.zeros_like(x0)}

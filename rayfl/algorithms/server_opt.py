@@ -11,7 +11,8 @@ class sets ``accepts_server_opt`` takes any of them through the ``server_opt`` c
     yogi       as adam with v ← v − (1 − β2) u² sign(v − u²)
     adagrad    as adam with v ← v + u²
 The adaptive three follow Reddi et al. (2021), "Adaptive Federated Optimization": no bias
-correction, m_{-1} = 0, v_{-1} = v_init (default τ²).
+correction, m_{-1} = 0, v_{-1} = v_init (default τ²); a mid-run restart (IMA's moment reset) sets
+m = v = 0, as the IMA authors' code does.
 """
 
 from __future__ import annotations
@@ -27,11 +28,17 @@ OptState = dict[str, Any]
 
 @dataclass(frozen=True)
 class ServerOpt:
-    """``init(x) -> state``; ``update(D, state) -> (step, new state, metrics)``."""
+    """``init(x) -> state``; ``update(D, state) -> (step, new state, metrics)``;
+    ``reset(x) -> state`` restarts the optimizer mid-run (IMA at t_s; default: ``init``)."""
 
     init: Callable[[Vec], OptState]
     update: Callable[[Vec, OptState], tuple[Vec, OptState, dict]]
     adaptive: bool = False  # per-coordinate step sizes (IMA then averages the target, not x)
+    reset: Callable[[Vec], OptState] | None = None
+
+    def restart(self, x: Vec) -> OptState:
+        """The optimizer state a mid-run restart gives."""
+        return (self.reset or self.init)(x)
 
 
 def sgd(lr: float) -> ServerOpt:
@@ -63,7 +70,10 @@ def _adaptive(lr: float, beta1: float, tau: float, v_init: float,
     def init(x: Vec) -> OptState:
         return {"m": torch.zeros_like(x), "v": torch.full_like(x, v_init)}
 
-    return ServerOpt(init, update, adaptive=True)
+    def reset(x: Vec) -> OptState:  # the IMA authors' code zeroes both moments at t_s
+        return {"m": torch.zeros_like(x), "v": torch.zeros_like(x)}
+
+    return ServerOpt(init, update, adaptive=True, reset=reset)
 
 
 def adam(lr: float, beta1: float, beta2: float, tau: float, v_init: float) -> ServerOpt:

@@ -9,7 +9,7 @@ from rayfl.availability.sampler import Sampler
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
-                 model_bytes: int = 0) -> Sampler:
+                 model_bytes: int = 0, poisson_rate: float | None = None) -> Sampler:
     """The round planner for ``cfg``: call ``.plan(t, now)`` once per round.
 
     ``handle`` is the run's :class:`~rayfl.data.DataHandle` (client sizes, labels via
@@ -19,7 +19,8 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
     stats = LabelStats(handle)
     ctx = Context(handle.num_clients, seed, handle.num_classes, stats, cfg.correlate)
     model = cfg.component().build(cfg, ctx)
-    return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes)
+    return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes,
+                   poisson_rate)
 
 
 __all__ = ["AvailabilityConfig", "AvailabilityModel", "Context", "RoundPlan", "Sampler",

@@ -1,7 +1,8 @@
 """The round planner: online model → sampling → failures → stragglers → plan and virtual clock.
 
 Per round t starting at virtual time ``now``: the online model says who is online at ``now``;
-``ceil(K · overcommit)`` online clients are sampled uniformly; each fails mid-round with
+``ceil(K · overcommit)`` online clients are sampled uniformly (or, with ``poisson_rate`` q, each
+online client independently with probability q); each fails mid-round with
 probability ``dropout``; the first K survivors to finish are kept (FedScale over-commitment);
 a kept client whose finish time passes the deadline is dropped or keeps the steps it finished
 (``deadline_policy``). The round lasts until the last kept client reports (or the deadline, if
@@ -24,13 +25,15 @@ class Sampler:
     """Plans every round; keeps the virtual clock when the caller does not pass it."""
 
     def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
-                 clients_per_round: int, seed: int, spec, model_bytes: int = 0):
+                 clients_per_round: int, seed: int, spec, model_bytes: int = 0,
+                 poisson_rate: float | None = None):
         self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
         self.sizes, self.n = sizes, len(sizes)
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
         self.devices = Devices(cfg, self.n, seed)
         self.clock = 0.0
+        self.poisson_rate = poisson_rate  # each online client joins with this probability
 
     def plan(self, t: int, now: float | None = None) -> RoundPlan:
         """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan)."""
@@ -39,8 +42,14 @@ class Sampler:
         online = self.model.online(t, start)
         n_online = self.n if online is None else int(np.count_nonzero(online))
         pool = self.n if online is None else np.flatnonzero(online)
-        m = min(self.draw, n_online)
-        sampled = np.random.default_rng([self.seed, t, SAMPLE]).choice(pool, m, replace=False)
+        rng = np.random.default_rng([self.seed, t, SAMPLE])
+        if self.poisson_rate is None:  # ceil(K · overcommit) of the online clients, uniformly
+            m = min(self.draw, n_online)
+            sampled = rng.choice(pool, m, replace=False)
+        else:  # Poisson sampling (DP accounting): every online client independently
+            members = np.arange(self.n) if online is None else pool
+            sampled = members[rng.random(len(members)) < self.poisson_rate]
+            m = len(sampled)
         failed = np.random.default_rng([self.seed, t, DROPOUT]).random(m) < cfg.dropout
         alive = sampled[~failed].astype(np.int64)
 
@@ -48,7 +57,8 @@ class Sampler:
         steps = np.array([self.spec.num_steps(int(s)) for s in n_i], dtype=np.int64)
         comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes)
         finish = comm + steps * step_s
-        first = np.lexsort((alive, finish))[:self.k]  # the first K to finish
+        keep = self.k if self.poisson_rate is None else m
+        first = np.lexsort((alive, finish))[:keep]  # the first K to finish
         kept, steps, comm, step_s, finish = (a[first] for a in (alive, steps, comm, step_s,
                                                                  finish))
         budget = steps.copy()

@@ -68,7 +68,11 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
     accs = [a for _, a in evals]
     target = cfg.eval.target_accuracy
     reached = next((t for t, a in evals if target is not None and a >= target), None)
+    dp = {} if cfg.privacy is None else {
+        "epsilon": rows[-1].get("dp_epsilon", 0.0) if rows else 0.0, "delta": cfg.privacy.delta,
+        "stopped_at_target_epsilon": len(rows) < cfg.rounds}
     return {
+        **dp,
         "name": cfg.name,
         "algorithm": cfg.algorithm.name + ("+ima" if cfg.ima is not None else ""),
         "rounds": len(rows),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import signal
 import time
 
 import numpy as np
@@ -44,6 +45,23 @@ def model_for(cfg, handle, device) -> FlatModel:
     """The configured model, initialised from the run seed, as a :class:`FlatModel`."""
     torch.manual_seed(cfg.seed)
     return FlatModel(build_for(cfg.model, handle), device)
+
+
+def inject_fault(t: int) -> None:
+    """Fault-injection hook for tests: ``RAYFL_FAULT=kill:ROUND:MARKER`` (or ``stop:``) makes the
+    first actor that starts round ROUND SIGKILL (SIGSTOP) itself, once: it creates the file
+    MARKER first, and no actor faults while MARKER exists."""
+    spec = os.environ.get("RAYFL_FAULT")
+    if not spec:
+        return
+    kind, at, marker = spec.split(":", 2)
+    if int(at) != t:
+        return
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
 
 
 class ClientWorker:
@@ -95,6 +113,7 @@ class ClientWorker:
         ``round_clients`` (every client dispatched this round) lets the FedEve drift regimes
         re-split the round's pooled data.
         """
+        inject_fault(t)
         start = time.perf_counter()
         bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
         on_model = None if keep_dir is None else (

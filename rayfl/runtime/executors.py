@@ -19,14 +19,45 @@ def _numpy(bc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy() for k, v in bc.items()}
 
 
-class RayExecutor:
-    """Groups to client actors (named Ray actors hosting many virtual clients)."""
+class ActorsLost(RuntimeError):
+    """A client actor died or hung more often than ``runtime.max_actor_restarts`` allows."""
 
-    def __init__(self, actor_names: list[str], sizes: np.ndarray):
+
+class RayExecutor:
+    """Groups to client actors (named Ray actors hosting many virtual clients).
+
+    An actor that dies mid-round is restarted by Ray (``max_restarts``) and its call re-run
+    (``max_task_retries``); one that does not answer within ``timeout_s`` is killed so that the
+    same happens. Groups depend only on the sampled set and a client's state versions are
+    written once per round, so a re-run gives exactly the bytes the first run would have.
+    """
+
+    def __init__(self, actor_names: list[str], sizes: np.ndarray, timeout_s: float | None = None,
+                 max_restarts: int = 0):
         import ray
 
         self.actors = [ray.get_actor(n) for n in actor_names]
-        self.sizes = sizes
+        self.sizes, self.timeout_s, self.max_restarts = sizes, timeout_s, max_restarts
+        self.restarts = 0  # actors killed for hanging, over the run
+
+    def _wait(self, refs: list, owners: list) -> list[dict]:
+        """Results of ``refs``, killing (so restarting) owners that exceed the deadline."""
+        import ray
+
+        pending = list(refs)
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.timeout_s)
+            for ref in pending:
+                self.restarts += 1
+                if self.restarts > self.max_restarts * len(self.actors):
+                    raise ActorsLost(f"client actors hung {self.restarts} times (over "
+                                     f"runtime.actor_timeout_s = {self.timeout_s:g} s)")
+                ray.kill(owners[refs.index(ref)], no_restart=False)
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayActorError as e:
+            raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
+                             f"{self.max_restarts} times ({type(e).__name__})") from None
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
         import ray
@@ -34,17 +65,17 @@ class RayExecutor:
         loads = np.array([sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups])
         per_actor = balance(loads, len(self.actors))
         bc_ref, clients_ref = ray.put(_numpy(bc)), ray.put(round_clients)
+        busy = [(actor, gids) for actor, gids in zip(self.actors, per_actor) if gids]
         calls = [actor.train.remote(t, bc_ref, lr, [groups[g] for g in sorted(gids)], keep_dir,
-                                    clients_ref)
-                 for actor, gids in zip(self.actors, per_actor) if gids]
-        return ray.get(calls)
+                                    clients_ref) for actor, gids in busy]
+        return self._wait(calls, [actor for actor, _ in busy])
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
         import ray
 
         chunks = np.array_split(client_ids, len(self.actors))
-        return np.concatenate(ray.get([a.setup_summaries.remote(c)
-                                       for a, c in zip(self.actors, chunks)]))
+        return np.concatenate(self._wait([a.setup_summaries.remote(c)
+                                          for a, c in zip(self.actors, chunks)], self.actors))
 
 
 class InProcessExecutor:

@@ -2,8 +2,20 @@
 
 The loop knows nothing about models or algorithms: it asks ``grad_fn(point, batch_idx)`` for a
 minibatch loss and flat gradient, lets the algorithm's :class:`LocalRule` pick the gradient point
-and correct the direction, and applies the local optimizer (SGD with momentum / weight decay /
-clipping, or Adam). Minibatch order comes from a generator keyed by (seed, round, client).
+and correct the direction, and applies the local optimizer. Minibatch order comes from a
+generator keyed by (seed, round, client).
+
+One step, in torch's order (a plain model gives exactly ``clip_grad_norm_`` followed by
+``torch.optim.SGD(momentum, weight_decay)`` or ``torch.optim.Adam(weight_decay)``):
+
+1. g = ∇f_i(rule.grad_point(y)) on the minibatch (the loss gradient only);
+2. clipping (``clip_norm`` c): g ← g · min(1, c / (‖g‖ + 1e-6)), ``clip_grad_norm_``'s rule;
+3. weight decay at the iterate: g ← g + wd · y (what both torch optimisers do to ``.grad``);
+4. the algorithm's correction: d = rule.direction(g, y) (e.g. SCAFFOLD's g + c − c_i), as if it
+   were added to ``.grad`` after clipping, so clipping never rescales it;
+5. the optimiser on d: SGD with heavy-ball momentum (buf ← ρ buf + d, y ← y − η buf; buffer
+   starts empty every round) or Adam (bias-corrected moments of d, fresh every round).
+Which algorithms accept Adam (and why the others cannot) is decided in their ``check_config``.
 """
 
 from __future__ import annotations
@@ -57,6 +69,15 @@ def batch_schedule(n: int, spec: LocalSpec, rng: np.random.Generator, max_steps:
             done += 1
 
 
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
+
+
+def clip_by_norm(g: Vec, max_norm: float) -> Vec:
+    """``g`` scaled by min(1, max_norm / (‖g‖ + 1e-6)), as ``torch.nn.utils.clip_grad_norm_``."""
+    norm = torch.linalg.vector_norm(g)
+    return g * torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
+
+
 def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalSpec, lr: float,
                  rng: np.random.Generator, max_steps: int | None = None) -> tuple[Vec, int, float]:
     """Run local training from ``y0``; returns (final iterate y, steps run K_i, mean loss)."""
@@ -67,12 +88,11 @@ def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalS
     steps = 0
     for idx in batch_schedule(n, spec, rng, max_steps):
         loss, g = grad_fn(rule.grad_point(y), idx)
+        if spec.clip_norm is not None:
+            g = clip_by_norm(g, spec.clip_norm)
         if spec.weight_decay:
             g = g.add(y, alpha=spec.weight_decay)
         d = rule.direction(g, y, lr)
-        if spec.clip_norm is not None:
-            norm = torch.linalg.vector_norm(d)
-            d = d * torch.clamp(spec.clip_norm / (norm + 1e-12), max=1.0)
         steps += 1
         if spec.optimizer == "adam":
             b1, b2 = spec.adam_betas

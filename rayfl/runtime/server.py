@@ -18,7 +18,7 @@ import ray
 import torch
 from torch import nn
 
-from rayfl import algorithms
+from rayfl import algorithms, privacy
 from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
 from rayfl.metrics.log import MetricsLog
@@ -52,15 +52,22 @@ class Server:
         self.algorithm = algorithms.build(cfg, handle.num_clients)
         self.model = model_for(cfg, handle, "cpu")
         self.loss_fn = nn.CrossEntropyLoss()
+        dp = cfg.privacy
+        self.accounting = privacy.accounting(cfg) if dp is not None else None
+        self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
+            privacy.rounds_within(dp.target_epsilon, cfg.rounds, **self.accounting)
+        poisson = dp is not None and dp.sampling == "poisson"
         self.sampler = make_sampler(
             cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
-            model_bytes=self.model.w.numel() * self.model.w.element_size())
+            model_bytes=self.model.w.numel() * self.model.w.element_size(),
+            poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None)
         if actor_names is None:
             worker = ClientWorker(cfg, handle, self.state_root,
                                   cfg.runtime.state_memory_mb * 2**20)
             executor = InProcessExecutor(worker)
         else:
-            executor = RayExecutor(actor_names, self.sizes)
+            executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
+                                   cfg.runtime.max_actor_restarts)
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
                               transforms_from_config(cfg))
         reader = handle.open()
@@ -112,10 +119,11 @@ class Server:
         """
         start = time.perf_counter()
         cfg = self.cfg
-        end = cfg.rounds if max_rounds is None else min(cfg.rounds, self.next_round + max_rounds)
+        final = self.final_round  # cfg.rounds, or fewer when privacy.target_epsilon binds
+        end = final if max_rounds is None else min(final, self.next_round + max_rounds)
         for t in range(self.next_round, end):
             row = self.round(t)
-            last = t == cfg.rounds - 1
+            last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
@@ -162,6 +170,8 @@ class Server:
         reports = out.reports
         return {
             **plan.metrics,
+            **({} if self.accounting is None else
+               {"dp_epsilon": privacy.epsilon(t + 1, **self.accounting)}),
             "round": t, "lr": lr, "sampled": num_sampled,
             "completed": agg.count, "train_loss": total.loss_sum / max(total.count, 1)
             if total.count else float("nan"),

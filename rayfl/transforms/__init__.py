@@ -104,13 +104,16 @@ def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[d
 
 
 def transforms_from_config(cfg) -> Chain | None:
-    """The configured chain (None when ``aggregation.transforms`` is empty)."""
-    entries = cfg.aggregation.transforms
-    if not entries:
-        return None
+    """The configured chain, DP-FedAvg's mechanism last when ``privacy`` is set (None: empty)."""
     steps = []
-    for entry in entries:
+    for entry in cfg.aggregation.transforms:
         cls = REGISTRY[entry["name"]]
         params = schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"})
         steps.append(cls(params, cfg.seed))
-    return Chain(steps)
+    if cfg.privacy is not None:
+        from rayfl.transforms.dp import GaussianDP, GaussianDPParams
+
+        p = cfg.privacy
+        steps.append(GaussianDP(GaussianDPParams(p.noise_multiplier, p.clip_norm,
+                                                 cfg.clients_per_round), cfg.seed))
+    return Chain(steps) if steps else None

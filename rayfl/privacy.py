@@ -1,0 +1,63 @@
+"""User-level differential privacy (DP-FedAvg, McMahan et al., ICLR 2018): accounting.
+
+A round samples clients (Poisson with rate q = K / N, or K of N without replacement), clips
+each participant's update to norm S, adds Gaussian noise of standard deviation z·S to the sum
+and divides by the expected number of participants K (the fixed-denominator estimator); the
+noise and clipping are the :class:`rayfl.transforms.dp.GaussianDP` transform. ε after t rounds
+at the configured δ comes from Google's ``dp-accounting`` (RDP, or PLD for Poisson sampling):
+t self-compositions of the sampled Gaussian mechanism. It depends only on (q or N, K, z, t, δ),
+so a resumed run reports the same ε without keeping accountant state.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+from dp_accounting import pld, rdp
+
+
+def round_event(sampling: str, num_clients: int, per_round: int,
+                noise_multiplier: float) -> dpa.DpEvent:
+    """One round's mechanism: the Gaussian mechanism on a sampled set of clients."""
+    gaussian = dpa.GaussianDpEvent(noise_multiplier)
+    if sampling == "poisson":
+        return dpa.PoissonSampledDpEvent(per_round / num_clients, gaussian)
+    return dpa.SampledWithoutReplacementDpEvent(num_clients, per_round, gaussian)
+
+
+def epsilon(rounds: int, delta: float, sampling: str, num_clients: int, per_round: int,
+            noise_multiplier: float, accountant: str = "rdp") -> float:
+    """ε of ``rounds`` rounds at ``delta`` (0 rounds: 0; no noise: inf)."""
+    if rounds <= 0:
+        return 0.0
+    if noise_multiplier <= 0:
+        return math.inf
+    event = dpa.SelfComposedDpEvent(
+        round_event(sampling, num_clients, per_round, noise_multiplier), rounds)
+    if sampling == "fixed":  # adding or removing a client changes N: replace-one neighbours
+        acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    else:
+        acc = rdp.RdpAccountant() if accountant == "rdp" else pld.PLDAccountant()
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
+
+
+def rounds_within(target: float, limit: int, **kw) -> int:
+    """The most rounds (≤ ``limit``) whose ε stays ≤ ``target`` (binary search; ε grows with t)."""
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if epsilon(mid, **kw) <= target:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def accounting(cfg) -> dict:
+    """Keyword arguments of :func:`epsilon` for a run config with a ``privacy`` section."""
+    p = cfg.privacy
+    return {"delta": p.delta, "sampling": p.sampling, "accountant": p.accountant,
+            "num_clients": cfg.data.num_clients - cfg.data.validation_clients,
+            "per_round": cfg.clients_per_round, "noise_multiplier": p.noise_multiplier}

@@ -1,0 +1,132 @@
+"""DP-FedAvg: clipping, the noise's scale, ε against the accountant library and an independent
+computation, config rules, and a run end to end (target ε, resume)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import integrate
+
+import dp_accounting as dpa
+from dp_accounting import rdp
+
+import rayfl
+from rayfl import config as config_mod, privacy
+from rayfl.algorithms.base import ClientTask
+from rayfl.algorithms.fedavg import FedAvg
+from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
+from rayfl.runtime.local import LocalSpec
+from rayfl.schema import ConfigError
+from rayfl.transforms import Chain
+from rayfl.transforms.dp import GaussianDP, GaussianDPParams
+from tests.conftest import TINY
+
+DT = torch.float64
+D = 5
+
+
+def test_every_client_contribution_is_clipped_and_the_mean_has_a_fixed_denominator():
+    g = torch.Generator().manual_seed(1)
+    cs = [quadratic_client(torch.rand(D, generator=g, dtype=DT) + 0.5,
+                           5 * torch.randn(D, generator=g, dtype=DT)) for _ in range(6)]
+    spec, lr, s, k = LocalSpec(steps=20, batch_size=1), 0.05, 0.4, 10
+    chain = Chain([GaussianDP(GaussianDPParams(noise_multiplier=0.0, clip_norm=s,
+                                               expected_clients=k))])
+    x0 = torch.zeros(D, dtype=DT)
+    state, _, _ = simulate(FedAvg(weighting="uniform"), x0, cs, spec, rounds=1, lr0=lr,
+                           transforms=chain)
+    deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, 1.0, {"x": x0}, None), c.grad_fn, c.n,
+                         spec, client_rng(0, 0, i)).delta for i, c in enumerate(cs)]
+    assert all(float(d.norm()) > s for d in deltas)
+    clipped = [d * (s / float(d.norm())) for d in deltas]
+    assert all(float(c.norm()) <= s * (1 + 1e-12) for c in clipped)
+    # 6 clients took part but the denominator is the expected K = 10
+    assert torch.allclose(state["x"], x0 - sum(clipped) / k, rtol=1e-12, atol=1e-15)
+
+
+def test_noise_has_standard_deviation_z_times_s_and_is_fixed_by_seed_and_round():
+    z, s = 1.3, 0.5
+    mech = GaussianDP(GaussianDPParams(noise_multiplier=z, clip_norm=s, expected_clients=4),
+                      seed=7)
+    noise = mech.noise(3, 400_000)
+    assert abs(noise.std() / (z * s) - 1) < 0.005 and abs(noise.mean()) < 0.005
+    assert np.array_equal(noise, mech.noise(3, 400_000))
+    assert not np.array_equal(noise[:10], mech.noise(4, 10))
+
+
+def _log_a_by_quadrature(q: float, z: float, a: float) -> float:
+    """log E_{x~N(0,z²)}[((1 − q) + q e^{(2x − 1)/(2z²)})^a]: the Poisson-subsampled Gaussian's
+    RDP moment (Mironov, Talwar & Zhang 2019) by numerical integration, not a series."""
+    def log_f(x):
+        return a * np.logaddexp(math.log1p(-q), math.log(q) + (2 * x - 1) / (2 * z * z)) \
+            - x * x / (2 * z * z)
+
+    lo, hi = -30 * z, a + 30 * z
+    peak = max(log_f(x) for x in np.linspace(lo, hi, 2001))
+    val, _ = integrate.quad(lambda x: math.exp(log_f(x) - peak), lo, hi,
+                            points=[0.0, min(a, hi - 1)], limit=1000)
+    return peak + math.log(val) - math.log(z * math.sqrt(2 * math.pi))
+
+
+@pytest.mark.parametrize("q, z, rounds", [(0.01, 1.0, 1000), (0.05, 2.0, 500)])
+def test_epsilon_is_the_libraries_and_matches_an_independent_computation(q, z, rounds):
+    delta, n = 1e-5, 10_000
+    ours = privacy.epsilon(rounds, delta, "poisson", n, int(round(q * n)), z)
+    acc = rdp.RdpAccountant()
+    acc.compose(dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z)), rounds))
+    assert ours == acc.get_epsilon(delta)
+    # RDP by quadrature, then the same RDP → (ε, δ) conversion, over the same orders
+    best = min(rounds * _log_a_by_quadrature(q, z, a) / (a - 1) + math.log1p(-1 / a)
+               - (math.log(delta) + math.log(a)) / (a - 1) for a in acc._orders)
+    assert ours == pytest.approx(best, abs=0.005)
+
+
+def test_epsilon_grows_with_rounds_and_target_bounds_them():
+    kw = dict(delta=1e-5, sampling="fixed", num_clients=1000, per_round=10,
+              noise_multiplier=1.0)
+    eps = [privacy.epsilon(t, **kw) for t in (0, 1, 10, 100)]
+    assert eps[0] == 0 and eps == sorted(eps) and eps[1] < eps[-1]
+    t = privacy.rounds_within(eps[2] + 1e-9, 100, **kw)
+    assert t == 10 or privacy.epsilon(t + 1, **kw) > eps[2]
+    assert privacy.epsilon(t, **kw) <= eps[2] + 1e-9
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["algorithm.name=scaffold"], "privacy"),
+    (["aggregation.weighting=samples"], "aggregation.weighting"),
+    (["availability.model=bernoulli"], "availability.model"),
+    (["availability.overcommit=1.5"], "availability.overcommit"),
+    (["privacy.accountant=pld"], "privacy.accountant"),
+    (["privacy.target_epsilon=0.001"], "privacy.target_epsilon"),
+    (["privacy.delta=0"], "privacy.delta"),
+])
+def test_privacy_config_rules(overrides, key):
+    base = ["privacy.noise_multiplier=1.0", "aggregation.weighting=uniform"]
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(TINY, base + overrides)
+    assert e.value.key == key
+
+
+def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_local, tiny,
+                                                                        tmp_path):
+    common = tiny + ["rounds=6", "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.5",
+                     "privacy.sampling=poisson", "aggregation.weighting=uniform"]
+    full = rayfl.run(TINY, common, quiet=True)
+    eps = full.metrics.column("dp_epsilon").to_pylist()
+    assert eps == sorted(eps) and eps[0] > 0
+    assert full.summary["epsilon"] == eps[-1] and full.summary["delta"] == 1e-5
+    assert not full.summary["stopped_at_target_epsilon"]
+    cfg = config_mod.load(TINY, common)
+    assert eps == [privacy.epsilon(t + 1, **privacy.accounting(cfg)) for t in range(6)]
+    capped = rayfl.run(TINY, common + [f"privacy.target_epsilon={eps[3] * (1 + 1e-9)}"],
+                       quiet=True)
+    assert capped.metrics.num_rows == 4 and capped.summary["stopped_at_target_epsilon"]
+    run_dir = str(tmp_path / "paused")
+    rayfl.run(TINY, common, run_dir=run_dir, quiet=True, max_rounds=3)
+    resumed = rayfl.resume(run_dir, quiet=True)
+    assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
+    assert resumed.metrics.column("dp_epsilon").to_pylist() == eps
