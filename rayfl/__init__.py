@@ -1,7 +1,16 @@
 """rayfl: a Ray-based simulator for large-scale cross-device federated learning."""
 
 from rayfl.config import Config, ConfigError, load as load_config
+from rayfl.registry import registrar
 from rayfl.simulation import RunResult, resume, run
 
-__all__ = ["Config", "ConfigError", "RunResult", "load_config", "resume", "run"]
+# Bring your own component: ``@rayfl.register_algorithm`` (or ``register_algorithm(MyAlgo,
+# name="mine")``) makes ``algorithm.name: mine`` work; likewise models, datasets, availability.
+register_algorithm = registrar("algorithm")
+register_model = registrar("model")
+register_dataset = registrar("dataset")
+register_availability = registrar("availability")
+
+__all__ = ["Config", "ConfigError", "RunResult", "load_config", "resume", "run",
+           "register_algorithm", "register_model", "register_dataset", "register_availability"]
 __version__ = "0.1.0"

@@ -62,7 +62,9 @@ def _print_summary(s: dict) -> None:
 def _cmd_keys(args) -> int:
     from rayfl.docs import HEADER, config_reference
 
-    text = config_reference(args.algorithm)
+    others = {kind: getattr(args, kind) for kind in ("model", "dataset", "availability")
+              if getattr(args, kind)}
+    text = config_reference(args.algorithm, others)
     if args.write:
         with open(args.write, "w") as f:
             f.write(HEADER + text)
@@ -129,7 +131,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true")
     t.set_defaults(fn=_cmd_tune)
     k = sub.add_parser("keys", help="every config key with its default and meaning")
-    k.add_argument("--algorithm", help="list only this algorithm's hyper-parameters")
+    k.add_argument("--algorithm", help="list only this algorithm's hyper-parameters (a name or "
+                                       "package.module:Name)")
+    for kind in ("model", "dataset", "availability"):
+        k.add_argument(f"--{kind}", help=f"list this {kind}'s own parameters")
     k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
     k.set_defaults(fn=_cmd_keys)
     d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")

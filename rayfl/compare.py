@@ -2,12 +2,12 @@
 
 Each entry of ``--algorithms`` is an algorithm name, optionally with ``+ima`` (IMA with the
 config's ``ima`` settings, or its defaults). Every run keeps the base config but its
-``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults —
-except fedmim, whose inertial step is the momentum: it runs plain SGD (``local.momentum = 0``) at
-the same effective step size, ``local.lr / (1 − local.momentum)`` (0.01 at momentum 0.9 → 0.1, the
-FedMIM paper's η_0). ``aggregation.weighting`` stays the base's; at ``auto`` (the default) every
-algorithm gets its paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto``
-for the algorithms that do not define it.
+``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults; an
+algorithm class may adjust its own run with a ``compare_variant(raw) -> raw`` classmethod (FedMIM
+runs plain SGD at the same effective step size, its inertial step replacing local momentum).
+``aggregation.weighting`` stays the base's; at ``auto`` (the default) every algorithm gets its
+paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto`` for the algorithms
+that do not define it.
 Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
 wall time) and ``accuracy.png`` into the comparison directory.
 """
@@ -18,7 +18,7 @@ import datetime as _dt
 import os
 
 from rayfl import config as config_mod
-from rayfl.algorithms import registry
+from rayfl import registry
 from rayfl.metrics.log import write_json, write_parquet
 from rayfl.metrics.plots import plot_accuracy
 from rayfl.schema import ConfigError
@@ -32,12 +32,12 @@ def variant(base: dict, entry: str) -> dict:
     raw = dict(base)
     raw["algorithm"] = {"name": name}
     weighting = base.get("aggregation", {}).get("weighting", "auto")
-    defined = registry.get(name).extra_weightings if name in registry.names() else ()
-    if weighting not in ("auto", "samples", "uniform") + defined:
+    defined = getattr(registry.resolve("algorithm", name), "extra_weightings", ())
+    if weighting not in ("auto", "samples", "uniform") + tuple(defined):
         raw["aggregation"] = {**base["aggregation"], "weighting": "auto"}
-    rho = base["local"]["momentum"]
-    if name == "fedmim" and rho:  # its inertial step replaces momentum: same effective step
-        raw["local"] = {**base["local"], "momentum": 0.0, "lr": base["local"]["lr"] / (1 - rho)}
+    adjust = getattr(registry.resolve("algorithm", name), "compare_variant", None)
+    if adjust is not None:
+        raw = adjust(raw)
     if extra == "ima":
         raw["ima"] = base.get("ima") or {}
     else:

@@ -7,34 +7,33 @@ Every key with its default and meaning is listed by ``rayfl keys`` and in ``conf
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import yaml
 
-from rayfl import schema
+from rayfl import registry, schema
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.data.config import DataConfig
 from rayfl.schema import ConfigError, field
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(registry.Named):
     """Which network clients train (see ``rayfl.models``)."""
 
-    name: str = field("fmnist_cnn", doc="model zoo name: logreg, mlp, fmnist_cnn, cifar_cnn "
-                                        "(IMA), adabest_cnn, lenet5, resnet18_gn, ncf (MovieLens)")
+    KIND = "model"
+
+    name: str = field("fmnist_cnn", doc="model: a built-in (listed under `model.name` below) "
+                                        "or package.module:Name, a builder (input_shape, "
+                                        "num_classes, **params) -> torch.nn.Module")
     hidden: Optional[list[int]] = field(None, doc="hidden widths for mlp (default 100,100)")
     groups: int = field(2, doc="GroupNorm groups in resnet18_gn (IMA: 2); must divide 64", lo=1)
     embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1)
+    params: Any = field(None, doc="validated Params of the chosen model", flatten=True)
 
     def check(self, prefix: str) -> None:
-        from rayfl.models import MODELS
-
-        if self.name not in MODELS:
-            raise ConfigError(f"{prefix}.name", self.name, "one of " + ", ".join(sorted(MODELS)))
         if self.hidden is not None and (not self.hidden or min(self.hidden) < 1):
             raise ConfigError(f"{prefix}.hidden", self.hidden, "a non-empty list of widths >= 1")
         if 64 % self.groups:
@@ -43,11 +42,15 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
-class AlgorithmConfig:
+class AlgorithmConfig(registry.Named):
     """The algorithm and its hyper-parameters (every other key is the algorithm's own)."""
 
-    name: str = field("fedavg", doc="algorithm name (see `rayfl algorithms`)")
-    params: Any = field(None, doc="validated hyper-parameters of the chosen algorithm")
+    KIND = "algorithm"
+
+    name: str = field("fedavg", doc="algorithm: a built-in (see `rayfl algorithms`) or "
+                                    "package.module:Name, an Algorithm subclass")
+    params: Any = field(None, doc="validated hyper-parameters of the chosen algorithm",
+                        flatten=True)
 
 
 @dataclass(frozen=True)
@@ -267,29 +270,14 @@ class Config:
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")
 
 
-def _build_algorithm(raw: Any) -> AlgorithmConfig:
-    from rayfl.algorithms import registry
-
-    raw = dict(raw or {})
-    name = raw.pop("name", "fedavg")
-    if name not in registry.names():
-        raise ConfigError("algorithm.name", name, "one of " + ", ".join(registry.names()))
-    params = schema.build(registry.get(name).Params, raw, "algorithm")
-    return AlgorithmConfig(name=name, params=params)
-
-
 def from_dict(raw: dict) -> Config:
     """Validate a plain dict (as loaded from YAML) into a :class:`Config`."""
-    from rayfl.algorithms import registry
-
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
-    raw = dict(raw)
-    algorithm = _build_algorithm(raw.pop("algorithm", None))
-    cfg = dataclasses.replace(schema.build(Config, raw), algorithm=algorithm)
-    cls = registry.get(algorithm.name)
+    cfg = schema.build(Config, raw)
+    cls = cfg.algorithm.component()
     check_weighting(cls, cfg)
-    cls.check_config(algorithm.params, cfg)
+    cls.check_config(cfg.algorithm.params, cfg)
     check_server_opt(cls, cfg)
     check_privacy(cls, cfg)
     return cfg
@@ -362,11 +350,9 @@ def _definers(weighting: str) -> str:
 
 
 def to_dict(cfg: Config) -> dict:
-    """Plain dict that :func:`from_dict` turns back into the same config."""
-    out = schema.to_dict(cfg)
-    algo = cfg.algorithm
-    out["algorithm"] = {"name": algo.name, **schema.to_dict(algo.params)}
-    return out
+    """Plain dict that :func:`from_dict` turns back into the same config (each component's
+    parameters sit beside its name)."""
+    return schema.to_dict(cfg)
 
 
 def _parse_value(text: str) -> Any:

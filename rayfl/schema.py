@@ -22,9 +22,12 @@ class ConfigError(ValueError):
 
 
 def field(default: Any = dataclasses.MISSING, *, doc: str = "", lo=None, hi=None,
-          lo_open: bool = False, hi_open: bool = False, factory=None):
-    """A dataclass field carrying a docstring and optional numeric bounds."""
-    meta = {"doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open}
+          lo_open: bool = False, hi_open: bool = False, factory=None, flatten: bool = False):
+    """A dataclass field carrying a docstring and optional numeric bounds. A ``flatten`` field
+    holds a nested section whose keys live in the parent's mapping (a component's ``Params``:
+    see :class:`rayfl.registry.Named`)."""
+    meta = {"doc": doc, "lo": lo, "hi": hi, "lo_open": lo_open, "hi_open": hi_open,
+            "flatten": flatten}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -115,7 +118,19 @@ def _check_bounds(f: dataclasses.Field, value: Any, key: str) -> None:
 
 
 def build(cls: type, data: Any, prefix: str = "") -> Any:
-    """Validate ``data`` (a mapping) into the dataclass ``cls``; unknown keys are errors."""
+    """Validate ``data`` (a mapping) into the dataclass ``cls``; unknown keys are errors.
+
+    A class with a ``schema_build(data, prefix)`` classmethod builds itself (a section naming a
+    component whose parameters join its keys); it calls :func:`build_fields` for its own keys.
+    """
+    custom = getattr(cls, "schema_build", None)
+    if custom is not None:
+        return custom(data, prefix)
+    return build_fields(cls, data, prefix)
+
+
+def build_fields(cls: type, data: Any, prefix: str = "") -> Any:
+    """:func:`build` on ``cls``'s own fields only."""
     where = prefix or "<root>"
     if data is None:
         data = {}
@@ -135,6 +150,9 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
             value = _coerce(hints[name], data[name], key)
             _check_bounds(f, value, key)
             kwargs[name] = value
+        elif dataclasses.is_dataclass(hints[name]) and f.default_factory is not \
+                dataclasses.MISSING:
+            kwargs[name] = build(hints[name], {}, key)  # a nested section at its defaults
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(key, None, f"a value ({_describe(hints[name])}); this key is required")
     obj = cls(**kwargs)
@@ -147,7 +165,14 @@ def build(cls: type, data: Any, prefix: str = "") -> Any:
 def to_dict(obj: Any) -> Any:
     """Plain-data view of a section (for YAML dumps and hashing)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        out = {}
+        for f in dataclasses.fields(obj):
+            value = to_dict(getattr(obj, f.name))
+            if f.metadata.get("flatten"):
+                out.update(value or {})
+            else:
+                out[f.name] = value
+        return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):
@@ -160,6 +185,8 @@ def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, Any, st
     rows = []
     hints = get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.metadata.get("flatten"):
+            continue  # a component's parameters: listed with the component
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         if dataclasses.is_dataclass(tp):
@@ -171,4 +198,4 @@ def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, Any, st
     return rows
 
 
-__all__ = ["ConfigError", "build", "field", "to_dict", "describe_fields"]
+__all__ = ["ConfigError", "build", "build_fields", "field", "to_dict", "describe_fields"]

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from rayfl.data import prepare
 from rayfl.metrics.log import write_json
 from rayfl.models import build_for
 from rayfl.runtime import checkpoint, storage
+from rayfl.runtime.cluster import connect_ray, require_actor_resources
 
 
 @dataclass
@@ -43,32 +43,6 @@ def new_run_dir(cfg: Config) -> str:
     while os.path.exists(path):
         path, i = f"{base}-{i}", i + 1
     return path
-
-
-def _ensure_ray(cfg: Config) -> None:
-    import ray
-
-    rt = cfg.runtime
-    if not ray.is_initialized():
-        if rt.address:
-            ray.init(address=rt.address, logging_level="WARNING")
-        else:
-            needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
-            cpus = rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
-            ray.init(address="local", num_cpus=cpus, num_gpus=rt.ray_num_gpus,
-                     include_dashboard=rt.dashboard,
-                     logging_level="WARNING", configure_logging=True)
-    have = ray.cluster_resources()
-    cpu_need = rt.num_actors * rt.cpus_per_actor
-    gpu_need = rt.num_actors * rt.gpus_per_actor
-    if have.get("CPU", 0) + 1e-9 < cpu_need:
-        raise ConfigError("runtime.cpus_per_actor", rt.cpus_per_actor,
-                          f"num_actors × cpus_per_actor ≤ the cluster's {have.get('CPU', 0):g} "
-                          f"CPUs (asked for {cpu_need:g})")
-    if gpu_need and have.get("GPU", 0) + 1e-9 < gpu_need:
-        raise ConfigError("runtime.gpus_per_actor", rt.gpus_per_actor,
-                          f"num_actors × gpus_per_actor ≤ the cluster's {have.get('GPU', 0):g} "
-                          f"GPUs (asked for {gpu_need:g})")
 
 
 def _start(cfg: Config, handle, run_dir: str, resume: bool):
@@ -179,7 +153,8 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     else:
         import ray
 
-        _ensure_ray(cfg)
+        connect_ray(cfg)
+        require_actor_resources(cfg)
         server, actors = _start(cfg, handle, run_dir, resume)
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,

@@ -20,6 +20,7 @@ import ray
 from optuna.trial import TrialState
 
 from rayfl import config as config_mod
+from rayfl.runtime.cluster import connect_ray
 from rayfl.schema import ConfigError
 from tune import report, space
 from tune import study as study_mod
@@ -52,7 +53,7 @@ def run_study(setup: StudySetup, on_event: Event | None = None) -> dict:
     cfg = config_mod.from_dict(setup.base)
     study = study_mod.open_study(setup)  # refuses changed settings before Ray starts
     prepare(cfg.data, cfg.seed)  # once, rather than by every trial at the same time
-    started = _connect(cfg)
+    started = connect_ray(cfg)
     try:
         _check_room(cfg, setup.spec.parallel, emit)
         emit("begin", {"name": setup.name, "finished": study_mod.counts(study)[0],
@@ -76,18 +77,6 @@ def _check_room(cfg, parallel: int, emit: Event) -> None:
     if room < parallel:
         emit("note", {"text": f"parallel = {parallel} but the cluster holds {room} trial(s) at "
                               f"once; the others wait for resources"})
-
-
-def _connect(cfg) -> bool:
-    if ray.is_initialized():
-        return False
-    rt = cfg.runtime
-    if rt.address:
-        ray.init(address=rt.address, logging_level="WARNING")
-    else:
-        ray.init(num_cpus=rt.ray_num_cpus or os.cpu_count(), include_dashboard=rt.dashboard,
-                 logging_level="WARNING")
-    return True
 
 
 def _optimize(setup: StudySetup, study: optuna.Study, emit: Event) -> None:

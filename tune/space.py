@@ -14,24 +14,43 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from rayfl import config as config_mod
-from rayfl import schema
+from rayfl import registry, schema
 from rayfl.schema import ConfigError, field
 
-# name -> (algorithm it belongs to, or None for any; {dotted key: parameter spec})
-PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
-    "adabest": ("adabest", {"algorithm.beta": {"low": 0.7, "high": 0.999},
-                            "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}}),
-    "fedavgm": ("fedavgm", {"algorithm.momentum": {"low": 0.0, "high": 0.98}}),
-    "fedprox": ("fedprox", {"algorithm.mu": {"low": 1e-4, "high": 1.0, "log": True}}),
-    "feddyn": ("feddyn", {"algorithm.alpha": {"low": 1e-4, "high": 1.0, "log": True}}),
-    "fedmsi": ("fedmsi", {"algorithm.beta": {"low": 0.3, "high": 1.0}}),
-    "fedmim": ("fedmim", {"algorithm.alpha": {"type": "weights", "low": 0.0, "high": 0.95},
-                          "algorithm.beta": {"type": "weights", "low": 0.0, "high": 1.0}}),
+# presets for any algorithm: name -> (None, {dotted key: parameter spec})
+GENERIC: dict[str, tuple[Optional[str], dict[str, dict]]] = {
     "ima": (None, {"ima.window": {"type": "int", "low": 1, "high": 10},
                    "ima.start": {"low": 0.5, "high": 0.95}}),
     "local_lr": (None, {"local.lr": {"low": 1e-3, "high": 0.5, "log": True}}),
     "server_lr": (None, {"algorithm.server_lr": {"low": 0.1, "high": 3.0, "log": True}}),
 }
+
+
+def algorithm_preset(name: str) -> tuple[str, dict[str, dict]] | None:
+    """The preset an algorithm class declares (``search_space()``), named by the algorithm."""
+    search_space = getattr(registry.resolve("algorithm", name), "search_space", None)
+    return None if search_space is None else (name, search_space())
+
+
+# name -> (algorithm it belongs to, or None for any; {dotted key: parameter spec}); a user
+# algorithm's own preset is found by its name (package.module:Name) in :func:`preset`
+PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
+    **{name: p for name in registry.names("algorithm")
+       if (p := algorithm_preset(name)) is not None},
+    **GENERIC,
+}
+
+
+def preset(name: str, base: dict) -> tuple[Optional[str], dict[str, dict]]:
+    """A preset by name: built-in, or the base config's own algorithm's ``search_space()``."""
+    if name in PRESETS:
+        return PRESETS[name]
+    algo = base["algorithm"]["name"]
+    found = algorithm_preset(algo) if name == algo else None
+    if found is None:
+        raise ConfigError("presets", name, "one of " + ", ".join(PRESETS) + ", or the base "
+                          "config's algorithm.name when its class defines search_space()")
+    return found
 
 
 @dataclass(frozen=True)
@@ -112,9 +131,7 @@ def resolve(presets: list[str], space: dict, base: dict) -> dict[str, Param]:
     """The validated parameters: presets first, then explicit ``space`` entries replace them."""
     specs: dict[str, Any] = {}
     for name in presets:
-        if name not in PRESETS:
-            raise ConfigError("presets", name, "one of " + ", ".join(PRESETS))
-        algo, entries = PRESETS[name]
+        algo, entries = preset(name, base)
         if algo is not None and base["algorithm"]["name"] != algo:
             raise ConfigError("presets", name, f"a base config with algorithm.name: {algo} "
                                                f"(it has {base['algorithm']['name']})")

@@ -55,6 +55,12 @@ class AdaBest(Algorithm):
     client_state_keys = ("h", "t_last")
 
     @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.beta": {"low": 0.7, "high": 0.999},
+                "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}}
+
+    @classmethod
     def check_config(cls, params, cfg) -> None:
         reject_adam(cls.name, cfg, "h_i accumulates the SGD displacement x_t − y_i that its "
                                    "correction −μ h_i is scaled for")

@@ -31,5 +31,10 @@ class FedAvgM(FedAvg):
     name = "fedavgm"
     Params = FedAvgMParams
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.momentum": {"low": 0.0, "high": 0.98}}
+
     def default_server_opt(self) -> opt.ServerOpt:
         return opt.momentum(self.server_lr, self.p.momentum, self.p.nesterov)

@@ -51,6 +51,11 @@ class FedDyn(Algorithm):
     client_state_keys = ("g_hat",)
     accepts_server_opt = True
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.alpha": {"low": 1e-4, "high": 1.0, "log": True}}
+
     def server_init(self, x0: Vec) -> State:
         return {**super().server_init(x0), "h": torch.zeros_like(x0)}
 

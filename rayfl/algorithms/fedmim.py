@@ -118,6 +118,23 @@ class FedMIM(Algorithm):
     paper_weighting = "uniform"
 
     @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.alpha": {"type": "weights", "low": 0.0, "high": 0.95},
+                "algorithm.beta": {"type": "weights", "low": 0.0, "high": 1.0}}
+
+    @classmethod
+    def compare_variant(cls, raw: dict) -> dict:
+        """``rayfl compare``'s run of FedMIM beside the others: its inertial step replaces local
+        momentum, so it runs plain SGD at the same effective step size lr / (1 − momentum)
+        (0.01 at momentum 0.9 → 0.1, the paper's η_0)."""
+        rho = raw["local"]["momentum"]
+        if not rho:
+            return raw
+        return {**raw, "local": {**raw["local"], "momentum": 0.0,
+                                 "lr": raw["local"]["lr"] / (1 - rho)}}
+
+    @classmethod
     def check_config(cls, params, cfg) -> None:
         if cfg.local.momentum:
             raise ConfigError("local.momentum", cfg.local.momentum,

@@ -175,6 +175,11 @@ class FedMSI(Algorithm):
     extra_weightings = ("degree",)
 
     # ----- set-up ------------------------------------------------------------------------
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.beta": {"low": 0.3, "high": 1.0}}
+
     def client_setup(self, x, y) -> Vec:
         """m_i: unit top right-singular vector of the raw inputs (the server re-checks the sign)."""
         return orient(top_singular_vector(x)[None])[0]

@@ -40,5 +40,10 @@ class FedProx(Algorithm):
     accepts_server_opt = True
     dp_post_processing = True  # the proximal term is the client's own computation
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
+        return {"algorithm.mu": {"low": 1e-4, "high": 1.0, "log": True}}
+
     def client_begin(self, task: ClientTask) -> LocalRule:
         return _ProxRule(task.bc["x"], self.p.mu)

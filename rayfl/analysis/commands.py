@@ -91,12 +91,13 @@ def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -
 
 
 def _setup(args):
-    from rayfl.analysis.evaluate import ensure_ray, select_data
+    from rayfl.analysis.evaluate import select_data
     from rayfl.analysis.rundir import RunDir
+    from rayfl.runtime.cluster import connect_ray
 
     run = RunDir(args.run_dir)
     data = select_data(run.handle, args.data, args.max_samples, run.cfg.seed)
-    ensure_ray(run.cfg, args.num_cpus)
+    connect_ray(run.cfg, args.num_cpus)
     return run, data, args.batch_size or run.cfg.eval.batch_size, run.out_dir(args.out)
 
 

@@ -8,7 +8,6 @@ float32 once, so a combination that reproduces a stored model gives its exact pa
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,17 +58,6 @@ def select_data(handle, spec: str = "test", max_samples: int | None = None,
         pick = np.sort(np.random.default_rng(seed).choice(rows, max_samples, replace=False))
         index, label = pick if index is None else index[pick], f"{label} ({max_samples} rows)"
     return EvalData(split, index, label)
-
-
-def ensure_ray(cfg, num_cpus: int | None = None) -> None:
-    """Join the run's cluster (``runtime.address``) or start a local Ray, unless one is up."""
-    if ray.is_initialized():
-        return
-    if cfg.runtime.address:
-        ray.init(address=cfg.runtime.address, logging_level="WARNING")
-    else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False,
-                 logging_level="WARNING")
 
 
 def _tensors(cfg, handle, data: EvalData):

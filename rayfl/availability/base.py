@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,43 @@ class RoundPlan:
     dropped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     duration: float = 0.0  # virtual seconds of the round
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    """What an availability model may build itself from (see :class:`AvailabilityModel`)."""
+
+    num_clients: int  # N training clients (ids 0..N-1)
+    seed: int
+    num_classes: int
+    stats: Any  # LabelStats of the partition (per-client label counts)
+    correlate: str = "none"  # availability.correlate
+
+    def ranks(self) -> np.ndarray | None:
+        """Clients ranked by dominant label when ``availability.correlate: label``, else None."""
+        if self.correlate != "label":
+            return None
+        from rayfl.availability.labels import label_ranks
+
+        return label_ranks(self.stats, self.seed)
+
+
+class AvailabilityModel:
+    """Who is online: ``online(t, now)`` is a boolean mask over the N clients at virtual time
+    ``now`` of round ``t`` (None: everyone). A user model subclasses this, may declare ``Params``
+    (its ``availability.*`` keys) and is built as ``cls(params, ctx)``; built-ins override
+    :meth:`build` to read their keys from the section."""
+
+    def __init__(self, params: Any, ctx: Context):
+        self.params, self.ctx = params, ctx
+
+    @classmethod
+    def build(cls, cfg: Any, ctx: Context) -> "AvailabilityModel":
+        """The model for the ``availability`` section ``cfg``."""
+        return cls(cfg.params, ctx)
+
+    def online(self, t: int, now: float) -> np.ndarray | None:
+        return None
 
 
 # Purpose keys: every draw comes from np.random.default_rng([seed, (round,) PURPOSE]).

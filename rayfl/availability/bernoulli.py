@@ -7,10 +7,13 @@ systematically over-represented in the participating population.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from rayfl.availability.base import ONLINE, PROPENSITY
+from rayfl.availability.base import ONLINE, PROPENSITY, AvailabilityModel
 from rayfl.availability.config import AvailabilityConfig
+from rayfl.schema import ConfigError
 
 
 def propensities(mean: float, spread: float, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -21,7 +24,7 @@ def propensities(mean: float, spread: float, n: int, rng: np.random.Generator) -
     return rng.beta(mean * k, (1 - mean) * k, size=n)
 
 
-class Bernoulli:
+class Bernoulli(AvailabilityModel):
     """Independent per-round coin flips with per-client probabilities ``p``."""
 
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None):
@@ -32,6 +35,19 @@ class Bernoulli:
             p[order] = np.sort(p)
         self.p = p.astype(np.float32)
         self.seed = seed
+
+    @staticmethod
+    def check_section(cfg: AvailabilityConfig, prefix: str) -> None:
+        """A Beta distribution with mean m has a standard deviation below sqrt(m (1 − m))."""
+        limit = math.sqrt(cfg.mean * (1 - cfg.mean))
+        if cfg.spread > 0 and cfg.spread >= limit:
+            raise ConfigError(f"{prefix}.spread", cfg.spread,
+                              f"less than sqrt(mean·(1 − mean)) = {limit:.4g} (a Beta "
+                              f"distribution with mean {cfg.mean} cannot spread more)")
+
+    @classmethod
+    def build(cls, cfg: AvailabilityConfig, ctx) -> "Bernoulli":
+        return cls(cfg, ctx.num_clients, ctx.seed, ctx.ranks())
 
     def online(self, t: int, now: float) -> np.ndarray:
         rng = np.random.default_rng([self.seed, t, ONLINE])

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from rayfl import registry
 from rayfl.schema import ConfigError, field
 
 TRACE_SUFFIXES = (".pkl", ".pickle", ".csv", ".parquet")
 
 
 @dataclass(frozen=True)
-class AvailabilityConfig:
+class AvailabilityConfig(registry.Named):
     """Client availability model, stragglers and the virtual clock (see ``rayfl.availability``)."""
 
-    model: Literal["always", "bernoulli", "diurnal", "trace"] = field(
-        "always", doc="who is online: always (everyone), bernoulli (each client with its own "
-                      "probability), diurnal (daily curve per time zone), trace (replay a "
-                      "recorded trace); mid-round failures are `dropout`, on top of any model")
+    KIND = "availability"
+    NAME_FIELD = "model"
+
+    model: str = field(
+        "always", doc="who is online: a built-in (listed under `availability.model` below) or "
+                      "package.module:Name, an AvailabilityModel subclass; mid-round failures "
+                      "are `dropout`, on top of any model")
     mean: float = field(0.5, doc="bernoulli: mean online probability over clients; diurnal: "
                                  "daily mean online probability", lo=0.0, hi=1.0, lo_open=True)
     spread: float = field(0.1, doc="bernoulli: standard deviation of the per-client online "
@@ -62,28 +65,16 @@ class AvailabilityConfig:
         None, doc="FedScale client_device_capacity pickle {id: {computation: ms per sample "
                   "(inference; training costs 3×, as FedScale), communication: kbps}}; "
                   "replaces speed_* and bandwidth_*")
+    params: Any = field(None, doc="validated Params of the chosen availability model",
+                        flatten=True)
 
     def check(self, prefix: str) -> None:
-        if self.model == "trace" and self.trace_path is None:
-            raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
-                              f"{prefix}.model is 'trace'")
-        if self.model == "trace":
-            _check_file(f"{prefix}.trace_path", self.trace_path, TRACE_SUFFIXES)
+        """Rules of the section itself; each model's own rules are its ``check_section``."""
         if self.capacity_path is not None:
-            _check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
-        if self.model == "bernoulli" and self.spread > 0:
-            limit = math.sqrt(self.mean * (1 - self.mean))
-            if self.spread >= limit:
-                raise ConfigError(f"{prefix}.spread", self.spread,
-                                  f"less than sqrt(mean·(1 − mean)) = {limit:.4g} (a Beta "
-                                  f"distribution with mean {self.mean} cannot spread more)")
-        if self.model == "diurnal" and self.mean * (1 + self.amplitude) > 1 + 1e-12:
-            raise ConfigError(f"{prefix}.amplitude", self.amplitude,
-                              f"at most 1/mean − 1 = {1 / self.mean - 1:.4g} so that the peak "
-                              "probability mean·(1 + amplitude) stays ≤ 1")
+            check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
 
 
-def _check_file(key: str, path: str, suffixes: tuple[str, ...]) -> None:
+def check_file(key: str, path: str, suffixes: tuple[str, ...]) -> None:
     if not path.lower().endswith(suffixes):
         raise ConfigError(key, path, "a file ending in " + ", ".join(suffixes))
     if not os.path.isfile(path):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.availability.base import ONLINE, ZONE
+from rayfl.availability.base import ONLINE, ZONE, AvailabilityModel
 from rayfl.availability.config import AvailabilityConfig
+from rayfl.schema import ConfigError
 
 
-class Diurnal:
+class Diurnal(AvailabilityModel):
     """Per-round coin flips with the probability of the client's zone at the round's start."""
 
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None,
@@ -26,6 +27,18 @@ class Diurnal:
         self.offset_h = 24.0 * np.arange(cfg.zones) / cfg.zones
         self.mean, self.amplitude, self.peak = cfg.mean, cfg.amplitude, cfg.peak_hour
         self.seed = seed
+
+    @staticmethod
+    def check_section(cfg: AvailabilityConfig, prefix: str) -> None:
+        """The peak probability mean·(1 + amplitude) is a probability."""
+        if cfg.mean * (1 + cfg.amplitude) > 1 + 1e-12:
+            raise ConfigError(f"{prefix}.amplitude", cfg.amplitude,
+                              f"at most 1/mean − 1 = {1 / cfg.mean - 1:.4g} so that the peak "
+                              "probability mean·(1 + amplitude) stays ≤ 1")
+
+    @classmethod
+    def build(cls, cfg: AvailabilityConfig, ctx) -> "Diurnal":
+        return cls(cfg, ctx.num_clients, ctx.seed, ctx.ranks(), ctx.num_classes)
 
     def curve(self, now: float) -> np.ndarray:
         """Online probability of every zone at virtual time ``now`` (seconds; 0 = midnight UTC)."""

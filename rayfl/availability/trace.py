@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from rayfl.availability.base import READ_ERRORS
+from rayfl.availability.base import READ_ERRORS, AvailabilityModel
 from rayfl.schema import ConfigError
 
 KEY = "availability.trace_path"
@@ -25,7 +25,7 @@ TABLE_FORMAT = ("a table with columns client_id, online_start, online_end (secon
                 "online_end ≥ online_start, some online_end > 0)")
 
 
-class Trace:
+class Trace(AvailabilityModel):
     """Online intervals ``[start[j], end[j]]`` of trace client ``owner[j]``; ``period`` is one
     number (a table) or one per trace client (FedScale)."""
 
@@ -35,6 +35,20 @@ class Trace:
         else:
             self.start, self.end, self.owner, self.period, self.clients = _read_table(path)
         self.n = n
+
+    @staticmethod
+    def check_section(cfg, prefix: str) -> None:
+        """``trace_path`` names an existing trace file."""
+        from rayfl.availability.config import TRACE_SUFFIXES, check_file
+
+        if cfg.trace_path is None:
+            raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
+                              f"{prefix}.model is 'trace'")
+        check_file(f"{prefix}.trace_path", cfg.trace_path, TRACE_SUFFIXES)
+
+    @classmethod
+    def build(cls, cfg, ctx) -> "Trace":
+        return cls(cfg.trace_path, ctx.num_clients)
 
     def online(self, t: int, now: float) -> np.ndarray:
         x = now % self.period

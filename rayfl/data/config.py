@@ -3,23 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
+from rayfl import registry
 from rayfl.schema import ConfigError, field
 
-NATURAL = ("femnist", "movielens", "synthetic_fedprox")  # datasets that carry a client id per row
+
+def is_natural(dataset) -> bool:
+    """Whether a dataset component gives every training row a writer/user (``natural = True``),
+    so that ``partition: natural`` can split by it."""
+    return bool(getattr(dataset, "natural", False))
 
 
 @dataclass(frozen=True)
-class DataConfig:
+class DataConfig(registry.Named):
     """Where the data comes from and how it is split among clients."""
 
-    dataset: Literal["fmnist", "cifar10", "cifar100", "femnist", "emnist", "movielens", "digits",
-                     "synthetic", "synthetic_fedprox"] = field(
-        "fmnist", doc="dataset: fmnist (Debian package dataset-fashion-mnist), cifar10, cifar100 "
-                      "(python pickle batches), femnist (LEAF json), emnist (IDX), movielens "
-                      "(ML-1M .dat), digits (scikit-learn), synthetic (Gaussian blobs), "
-                      "synthetic_fedprox (FedProx Synthetic(α, β))")
+    KIND = "dataset"
+    NAME_FIELD = "dataset"
+
+    dataset: str = field(
+        "fmnist", doc="dataset: a built-in (listed under `data.dataset` below) or "
+                      "package.module:Name, an object with load(data_cfg, seed) -> Arrays")
     root: Optional[str] = field(None, doc="directory with the dataset's files (default: the "
                                           "dataset's standard location; nothing is downloaded)")
     num_clients: int = field(100, doc="registered clients N, validation clients included; for "
@@ -58,18 +63,18 @@ class DataConfig:
                                    lo=0.0)
     synthetic_beta: float = field(1.0, doc="synthetic_fedprox: β, spread of client inputs",
                                   lo=0.0)
+    params: Any = field(None, doc="validated Params of the chosen dataset", flatten=True)
 
     def check(self, prefix: str) -> None:
-        if self.partition == "dirichlet" and self.dataset == "synthetic" and self.min_samples > \
-                self.samples_per_client:
-            raise ConfigError(f"{prefix}.min_samples", self.min_samples,
-                              f"at most data.samples_per_client = {self.samples_per_client}")
-        if self.partition == "natural" and self.dataset not in NATURAL:
+        """Rules of the section itself; a dataset's own rules are its ``check_section``."""
+        if self.partition == "natural" and not is_natural(self.component()):
+            natural = [n for n in registry.names("dataset")
+                       if is_natural(registry.resolve("dataset", n))]
             raise ConfigError(f"{prefix}.partition", self.partition,
-                              f"a dataset with writers/users ({', '.join(NATURAL)}), not "
+                              f"a dataset with writers/users ({', '.join(natural)}), not "
                               f"data.dataset = {self.dataset!r}; or another partition")
         if self.sizes != "equal" and self.partition not in ("iid", "label_dirichlet") and \
-                self.dataset != "synthetic_fedprox":
+                not getattr(self.component(), "generates_sizes", False):
             raise ConfigError(f"{prefix}.sizes", self.sizes,
                               "'equal' unless data.partition is iid or label_dirichlet, or "
                               f"data.dataset is synthetic_fedprox (the {self.partition} "

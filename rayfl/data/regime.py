@@ -38,3 +38,20 @@ def regime_rows(reader, regime: str | None, sampled_ids, t: int, seed: int,
             order, _ = part.label_dirichlet(np.asarray(reader.y[pool]), sizes, a, rng)
             pool = pool[order]
     return {int(i): rows for i, rows in zip(ids, np.split(pool, ends[:-1]))}
+
+
+class RoundData:
+    """What each client of round ``t`` trains on: its own rows, or under a re-splitting regime
+    its share of the round's pooled rows. Built once per round and process by
+    :meth:`~rayfl.data.DataReader.round`; the runtime only asks :meth:`client`."""
+
+    def __init__(self, reader, t: int, round_clients):
+        cfg = reader.handle.cfg
+        regime = cfg.regime if cfg is not None else None
+        self.reader = reader
+        self.rows = regime_rows(reader, regime, round_clients, t, reader.handle.seed) \
+            if regime in RESPLIT and round_clients is not None else None
+
+    def client(self, c: int):
+        """Client ``c``'s raw inputs and labels for this round."""
+        return self.reader.client(c) if self.rows is None else self.reader.rows(self.rows[c])

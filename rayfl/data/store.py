@@ -19,8 +19,10 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import hashlib
+import inspect
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from rayfl import registry, schema
 from rayfl.data import datasets
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
@@ -44,12 +47,29 @@ def default_cache_dir() -> str:
                                                          "rayfl")
 
 
+def loader_identity(cfg: DataConfig) -> dict:
+    """What identifies the dataset loader: ``module:qualname`` and, for a loader outside rayfl,
+    a digest of its source, so a swapped or edited loader never reads another's cache."""
+    loader = cfg.component()
+    out = {"loader": registry.identity(loader)}
+    if not registry.is_builtin("dataset", cfg.dataset):
+        try:
+            source = inspect.getsource(loader)
+        except (OSError, TypeError):  # defined interactively: the name is all there is
+            source = ""
+        out["loader_source"] = hashlib.sha256(source.encode()).hexdigest()
+    return out
+
+
 def partition_key(cfg: DataConfig, seed: int) -> str:
-    """Cache key: every setting that changes the store's bytes."""
-    fields = {k: v for k, v in vars(cfg).items() if k not in ("cache_dir", "regime", "partition")}
+    """Cache key: every setting that changes the store's bytes, the loader's identity and its
+    own parameters included."""
+    fields = {k: v for k, v in schema.to_dict(cfg).items()
+              if k not in ("cache_dir", "regime", "partition")}
     blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
-                       **fields}, sort_keys=True)
-    return f"{cfg.dataset}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+                       **loader_identity(cfg), **fields}, sort_keys=True, default=str)
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", cfg.dataset).strip("_")
+    return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
 
 def _table(x: np.ndarray, y: np.ndarray) -> pa.Table:
@@ -214,6 +234,13 @@ class DataReader:
     def rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Training rows by index (a copy; used for per-round re-splits, see ``regime``)."""
         return self.x[idx], self.y[idx]
+
+    def round(self, t: int, round_clients) -> "RoundData":
+        """The rows of each client in round ``t`` (``round_clients``: every client dispatched
+        that round, which a drift regime re-splits among them; see :mod:`rayfl.data.regime`)."""
+        from rayfl.data.regime import RoundData
+
+        return RoundData(self, t, round_clients)
 
     def validation(self) -> tuple[np.ndarray, np.ndarray]:
         """The validation clients' rows, pooled (views; empty without validation clients)."""

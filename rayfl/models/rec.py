@@ -37,6 +37,9 @@ def ncf(input_shape, num_classes, *, vocab: tuple[int, int], embedding_dim: int 
     return NCF(vocab[0], vocab[1], embedding_dim)
 
 
+ncf.takes_ids = True  # embeds integer (user, item) ids
+
+
 def rec_metrics(scores, labels, group_size: int, k: int = 10) -> dict[str, float]:
     """HR@k, NDCG@k (leave-one-out: one positive per group) and AUC.
 

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from rayfl import algorithms
-from rayfl.data.regime import RESPLIT, regime_rows
 from rayfl.models import FlatModel, build_for
 from rayfl.runtime.inprocess import train_groups
 from rayfl.runtime.local import spec_from_config
@@ -88,13 +87,11 @@ class ClientWorker:
 
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> (gradient function on its rows, sample count) for round ``t``."""
-        resplit = regime_rows(self.reader, self.cfg.data.regime, round_clients, t, self.seed) \
-            if self.cfg.data.regime in RESPLIT else None
+        rows = self.reader.round(t, round_clients)
         model, loss_fn = self.model, self.loss_fn
 
         def source(client: int):
-            raw_x, raw_y = self.reader.client(client) if resplit is None else \
-                self.reader.rows(resplit[client])
+            raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
 
             def grad_fn(point, idx):

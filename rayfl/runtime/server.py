@@ -20,8 +20,8 @@ from torch import nn
 from rayfl import algorithms, privacy
 from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
+from rayfl.data.evaluators import test_metrics
 from rayfl.metrics.log import MetricsLog
-from rayfl.models import rec_metrics
 from rayfl.runtime import checkpoint, state_store, storage
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
@@ -210,21 +210,11 @@ class Server:
             out[f"{split}_loss"], out[f"{split}_accuracy"] = self.model.evaluate(
                 deployed, x, y, self.loss_fn, bs)
         test_x, test_y = self.eval_sets["test"]
-        if self.handle.eval_group:
-            out.update(self._ranking(deployed, test_x, test_y))
+        out.update(test_metrics(self.handle, self.model, deployed, test_x, test_y, bs))
         for name, vec in self.algorithm.extra_models(self.state).items():
             out[f"{name}_test_loss"], out[f"{name}_test_accuracy"] = self.model.evaluate(
                 vec, test_x, test_y, self.loss_fn, bs)
         out["eval_s"] = time.perf_counter() - tick
-        return out
-
-    def _ranking(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> dict:
-        """HR@k, NDCG@k and AUC for leave-one-out recommendation test sets (MovieLens)."""
-        logits = self.model.predict(point, x, self.cfg.eval.batch_size)
-        scores = (logits[:, 1] - logits[:, 0]).numpy()
-        out = {}
-        for k in (5, 10):
-            out.update(rec_metrics(scores, y.numpy(), self.handle.eval_group, k=k))
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:

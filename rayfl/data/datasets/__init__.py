@@ -1,25 +1,18 @@
-"""Dataset loaders: each turns its on-disk format into :class:`Arrays` (nothing downloads)."""
+"""Dataset loaders: each turns its on-disk format into :class:`Arrays` (nothing downloads).
+
+A dataset is any object with ``load(data_cfg, seed) -> Arrays`` (a module or a class), named by
+``data.dataset`` through :mod:`rayfl.registry`. Optional: ``Params`` (its own ``data.*`` keys,
+read from ``data_cfg.params``), ``natural = True`` (rows carry writers/users) and
+``evaluator(model, point, x, y, batch_size, group) -> metrics`` (extra test metrics, see
+:mod:`rayfl.data.evaluators`).
+"""
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-
-# data.dataset -> module whose ``load(cfg, seed) -> Arrays`` reads it
-LOADERS = {
-    "fmnist": "rayfl.data.datasets.fmnist",
-    "cifar10": "rayfl.data.datasets.cifar",
-    "cifar100": "rayfl.data.datasets.cifar",
-    "femnist": "rayfl.data.datasets.leaf",
-    "emnist": "rayfl.data.datasets.emnist",
-    "movielens": "rayfl.data.datasets.movielens",
-    "digits": "rayfl.data.datasets.digits",
-    "synthetic": "rayfl.data.datasets.synthetic",
-    "synthetic_fedprox": "rayfl.data.datasets.fedprox",
-}
 
 
 @dataclass
@@ -48,7 +41,13 @@ class Arrays:
 
 def load(cfg, seed: int) -> Arrays:
     """The central dataset named by ``cfg.dataset``."""
-    return importlib.import_module(LOADERS[cfg.dataset]).load(cfg, seed)
+    arrays = cfg.component().load(cfg, seed)
+    if not isinstance(arrays, Arrays):
+        from rayfl.schema import ConfigError
+
+        raise ConfigError("data.dataset", cfg.dataset, f"a loader returning "
+                          f"rayfl.data.datasets.Arrays (it returned {type(arrays).__name__})")
+    return arrays
 
 
 def require(root: str | None, paths: list[str], what: str, hint: str,

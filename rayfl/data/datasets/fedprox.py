@@ -12,6 +12,9 @@ import numpy as np
 
 from rayfl.data.datasets import Arrays
 
+natural = True  # every training row carries its writer/user (partition: natural)
+generates_sizes = True  # data.sizes shapes the clients it generates, whatever the partition
+
 BLOCK = 256  # clients generated together (part of the stream layout: changing it changes data)
 
 

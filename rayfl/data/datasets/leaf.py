@@ -11,6 +11,8 @@ import numpy as np
 from rayfl.data.datasets import Arrays
 from rayfl.schema import ConfigError
 
+natural = True  # every training row carries its writer/user (partition: natural)
+
 HINT = ("run LEAF's data/femnist/preprocess.sh (https://github.com/TalwalkarLab/leaf) and set "
         "data.root to its data/femnist/data folder")
 

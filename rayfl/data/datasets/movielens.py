@@ -13,6 +13,9 @@ import numpy as np
 import pyarrow.csv as pacsv
 
 from rayfl.data.datasets import Arrays, require
+from rayfl.data.evaluators import ranking as evaluator  # noqa: F401 (HR/NDCG/AUC on test)
+
+natural = True  # every training row carries its writer/user (partition: natural)
 
 FILES = ["ratings.dat", "users.dat", "movies.dat"]
 HINT = ("unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and set data.root to "

@@ -5,8 +5,16 @@ from __future__ import annotations
 import numpy as np
 
 from rayfl.data.datasets import Arrays
+from rayfl.schema import ConfigError
 
 CHUNK = 1 << 18  # rows drawn at a time
+
+
+def check_section(cfg, prefix: str) -> None:
+    """A Dirichlet split can give every client ``min_samples`` only if the mean allows it."""
+    if cfg.partition == "dirichlet" and cfg.min_samples > cfg.samples_per_client:
+        raise ConfigError(f"{prefix}.min_samples", cfg.min_samples,
+                          f"at most data.samples_per_client = {cfg.samples_per_client}")
 
 
 def load(cfg, seed: int) -> Arrays:

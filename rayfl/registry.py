@@ -1,0 +1,294 @@
+"""Components by name: built-ins, ``package.module:Name`` references and objects registered in Python.
+
+Four kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+``data.dataset`` and ``availability.model``. Each accepts a built-in name (the tables below:
+adding a built-in is one module plus one line here), a ``package.module:Name`` reference
+importable from the working directory or ``PYTHONPATH``, or a name given to
+:func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
+
+A component may declare its typed parameters as a frozen dataclass ``Params`` built from
+:func:`rayfl.schema.field`, exactly as the built-ins do; its keys then sit in the component's
+config section, are validated, listed by ``rayfl keys`` and searchable by the tuner; its
+optional ``check_section(section, prefix)`` holds its own rules on the section (raising
+:class:`~rayfl.schema.ConfigError`).
+
+Config sections that name a component (:class:`Named`) carry a user component with them when
+pickled, so every Ray worker that receives the config knows it without any hook in user code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+from typing import Any, Callable, ClassVar
+
+from rayfl.schema import ConfigError
+
+#: kind -> the config key that names it
+KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
+        "availability": "availability.model"}
+
+#: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
+BUILTINS: dict[str, dict[str, str]] = {
+    "algorithm": {
+        "fedavg": "rayfl.algorithms.fedavg:FedAvg",
+        "fedavgm": "rayfl.algorithms.fedavgm:FedAvgM",
+        "fedprox": "rayfl.algorithms.fedprox:FedProx",
+        "scaffold": "rayfl.algorithms.scaffold:Scaffold",
+        "feddyn": "rayfl.algorithms.feddyn:FedDyn",
+        "fedadam": "rayfl.algorithms.fedopt:FedAdam",
+        "fedyogi": "rayfl.algorithms.fedopt:FedYogi",
+        "fedadagrad": "rayfl.algorithms.fedopt:FedAdagrad",
+        "fednova": "rayfl.algorithms.fednova:FedNova",
+        "adabest": "rayfl.algorithms.adabest:AdaBest",
+        "fedeve": "rayfl.algorithms.fedeve:FedEve",
+        "fedmim": "rayfl.algorithms.fedmim:FedMIM",
+        "fedmsi": "rayfl.algorithms.fedmsi:FedMSI",
+    },
+    "model": {
+        "logreg": "rayfl.models.zoo:logreg",
+        "mlp": "rayfl.models.zoo:mlp",
+        "fmnist_cnn": "rayfl.models.zoo:fmnist_cnn",
+        "cifar_cnn": "rayfl.models.zoo:cifar_cnn",
+        "adabest_cnn": "rayfl.models.zoo:adabest_cnn",
+        "lenet5": "rayfl.models.zoo:lenet5",
+        "resnet18_gn": "rayfl.models.zoo:resnet18_gn",
+        "ncf": "rayfl.models.rec:ncf",
+    },
+    "dataset": {
+        "fmnist": "rayfl.data.datasets.fmnist",
+        "cifar10": "rayfl.data.datasets.cifar",
+        "cifar100": "rayfl.data.datasets.cifar",
+        "femnist": "rayfl.data.datasets.leaf",
+        "emnist": "rayfl.data.datasets.emnist",
+        "movielens": "rayfl.data.datasets.movielens",
+        "digits": "rayfl.data.datasets.digits",
+        "synthetic": "rayfl.data.datasets.synthetic",
+        "synthetic_fedprox": "rayfl.data.datasets.fedprox",
+    },
+    "availability": {
+        "always": "rayfl.availability.always:AlwaysOn",
+        "bernoulli": "rayfl.availability.bernoulli:Bernoulli",
+        "diurnal": "rayfl.availability.diurnal:Diurnal",
+        "trace": "rayfl.availability.trace:Trace",
+    },
+}
+
+_REGISTERED: dict[str, dict[str, Any]] = {kind: {} for kind in KEYS}
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KEYS:
+        raise ValueError(f"unknown component kind {kind!r}; one of {', '.join(KEYS)}")
+
+
+def names(kind: str) -> list[str]:
+    """Built-in and registered names of ``kind`` (references are not listed)."""
+    _check_kind(kind)
+    return sorted({*BUILTINS[kind], *_REGISTERED[kind]})
+
+
+def is_builtin(kind: str, name: str) -> bool:
+    """Whether ``name`` is one of rayfl's own components of ``kind``."""
+    return name in BUILTINS[kind]
+
+
+def expected(kind: str) -> str:
+    """What a config value naming a ``kind`` may be (for error messages and docs)."""
+    return "one of " + ", ".join(names(kind)) + ", or a package.module:Name reference"
+
+
+def _import_attr(ref: str) -> Any:
+    """The object ``module:attr.path`` (or the module ``module``); the working directory is
+    searched too, as a user running ``rayfl`` from their project expects."""
+    module_name, _, attr = ref.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if cwd in sys.path or not (e.name and module_name.startswith(e.name)):
+            raise
+        sys.path.insert(0, cwd)
+        module = importlib.import_module(module_name)
+    obj = module
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def resolve(kind: str, name: str) -> Any:
+    """The component ``name`` of ``kind``; a :class:`ConfigError` on its config key otherwise."""
+    _check_kind(kind)
+    if name in _REGISTERED[kind]:
+        return _REGISTERED[kind][name]
+    if name in BUILTINS[kind]:
+        return _import_attr(BUILTINS[kind][name])
+    key = KEYS[kind]
+    if not isinstance(name, str) or ":" not in name:
+        raise ConfigError(key, name, expected(kind))
+    try:
+        return _import_attr(name)
+    except ModuleNotFoundError as e:
+        raise ConfigError(key, name, f"an importable package.module:Name (no module "
+                                     f"{e.name!r} on the working directory or PYTHONPATH)") from None
+    except AttributeError:
+        module, _, attr = name.partition(":")
+        raise ConfigError(key, name, f"a name defined in module {module!r} (it has no "
+                                     f"{attr!r})") from None
+    except Exception as e:  # the user's module itself fails on import: say so on the key
+        raise ConfigError(key, name, f"a module that imports cleanly ({type(e).__name__}: "
+                                     f"{e})") from None
+
+
+def register(kind: str, obj: Any = None, *, name: str | None = None) -> Any:
+    """Register ``obj`` as a ``kind`` under ``name`` (default: its ``name`` attribute or
+    ``__name__``); returns ``obj``, so it also works as ``@register("model")`` or
+    ``@register("model", name="mynet")``. Built-in names cannot be replaced."""
+    _check_kind(kind)
+    if obj is None:
+        return lambda o: register(kind, o, name=name)
+    name = name or getattr(obj, "name", None) or getattr(obj, "__name__", None)
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(f"register a {kind} with a name (without ':'), got {name!r}")
+    if name in BUILTINS[kind]:
+        raise ValueError(f"{name!r} is a built-in {kind}; register yours under another name")
+    _REGISTERED[kind][name] = obj
+    return obj
+
+
+def unregister(kind: str, name: str) -> None:
+    """Forget a registered component (tests and notebooks re-registering)."""
+    _REGISTERED[kind].pop(name, None)
+
+
+def identity(obj: Any) -> str:
+    """``module:qualname`` of a component (a module: its name), for cache keys and listings."""
+    if isinstance(obj, type(sys)):
+        return obj.__name__
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
+
+def summary(kind: str, name: str) -> str:
+    """One line on a component: its docstring's first paragraph (a built-in class: its
+    module's, which names the paper)."""
+    obj = resolve(kind, name)
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    from_module = is_builtin(kind, name) and isinstance(obj, type) and module is not None
+    doc = (module.__doc__ if from_module else None) or obj.__doc__ or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
+def params_class(obj: Any) -> type | None:
+    """The component's typed parameters (a dataclass ``Params``), or None."""
+    params = getattr(obj, "Params", None)
+    return params if dataclasses.is_dataclass(params) else None
+
+
+# ----- config sections that name a component ----------------------------------------------------
+
+class Named:
+    """Mixin for a config section whose ``NAME_FIELD`` names a component of ``KIND``; its
+    ``params`` field holds the component's validated ``Params``. Pickling carries a non-built-in
+    component with the section, so the receiving process (a Ray worker) can resolve the name."""
+
+    KIND: ClassVar[str] = ""
+    NAME_FIELD: ClassVar[str] = "name"
+
+    @property
+    def component_name(self) -> str:
+        return getattr(self, self.NAME_FIELD)
+
+    def component(self) -> Any:
+        """The named component."""
+        return resolve(self.KIND, self.component_name)
+
+    @classmethod
+    def schema_build(cls, data: Any, prefix: str) -> Any:
+        """The section from a mapping: its own keys, plus the named component's ``Params``
+        keys (validated into ``params``); a key that is neither is an error listing both."""
+        from rayfl import schema
+
+        if not isinstance(data, (dict, type(None))):
+            raise ConfigError(prefix, data, "a mapping")
+        data = dict(data or {})
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        own = {n for n, f in fields.items() if not f.metadata.get("flatten")}
+        name = data.get(cls.NAME_FIELD, fields[cls.NAME_FIELD].default)
+        if not isinstance(name, str):
+            raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name, expected(cls.KIND))
+        component = resolve(cls.KIND, name)
+        params_cls = params_class(component)
+        theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
+        if own & theirs:
+            raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name,
+                              f"a component whose Params do not reuse the section's own keys "
+                              f"({', '.join(sorted(own & theirs))})")
+        extra = {k: data.pop(k) for k in list(data) if k not in own}
+        unknown = sorted(set(extra) - theirs)
+        if unknown:
+            raise ConfigError(f"{prefix}.{unknown[0]}", extra[unknown[0]],
+                              f"no such key; valid keys here: {', '.join(sorted(own | theirs))}")
+        section = schema.build_fields(cls, data, prefix)
+        params = schema.build(params_cls, extra, prefix) if params_cls else None
+        section = dataclasses.replace(section, params=params)
+        check = getattr(component, "check_section", None)
+        if check is not None:  # the component's own rules on its section
+            check(section, prefix)
+        return section
+
+    def __reduce__(self):
+        name = self.component_name
+        carried = None if is_builtin(self.KIND, name) else resolve(self.KIND, name)
+        return _restore, (type(self), dict(self.__dict__), carried)
+
+
+def _restore(cls: type, state: dict, carried: Any) -> Any:
+    """Unpickle a :class:`Named` section, registering the component it carries here too."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(state)
+    name = state[cls.NAME_FIELD]
+    if carried is not None and ":" not in name:
+        _REGISTERED[cls.KIND].setdefault(name, carried)
+    return obj
+
+
+def user_modules(components: list[Any]) -> list[str]:
+    """Top-level modules or packages (file paths) the given components come from, for
+    Ray's ``runtime_env.py_modules``: not rayfl, not installed packages, not ``__main__`` (which
+    cloudpickle ships by value)."""
+    import rayfl
+
+    installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    own = os.path.realpath(os.path.dirname(rayfl.__file__))
+    paths = []
+    for obj in components:
+        module_name = obj.__name__ if isinstance(obj, type(sys)) else getattr(obj, "__module__",
+                                                                                None)
+        if not module_name or module_name == "__main__":
+            continue
+        top = sys.modules.get(module_name.split(".")[0])
+        if top is None:
+            continue
+        path = list(top.__path__)[0] if hasattr(top, "__path__") else getattr(top, "__file__",
+                                                                                None)
+        if not path:
+            continue
+        path = os.path.realpath(path)
+        if path.startswith(own) or any(path.startswith(p + os.sep) for p in installed) or \
+                "site-packages" in path.split(os.sep):
+            continue
+        paths.append(path)
+    return sorted(set(paths))
+
+
+def registrar(kind: str) -> Callable:
+    """``register`` bound to one kind (``rayfl.register_algorithm`` and friends)."""
+    def register_kind(obj: Any = None, *, name: str | None = None) -> Any:
+        return register(kind, obj, name=name)
+
+    register_kind.__name__ = f"register_{kind}"
+    register_kind.__doc__ = (f"Register a {kind} so that config key {KEYS[kind]} can name it "
+                             f"(``@register_{kind}`` or ``register_{kind}(obj, name=...)``).")
+    return register_kind

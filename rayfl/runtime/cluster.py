@@ -1,0 +1,68 @@
+"""One way to reach Ray for ``run``, ``tune`` and ``analyze``: :func:`connect_ray`.
+
+It joins ``runtime.address`` or starts a local Ray, and ships the user's own code (the modules
+behind ``package.module:Name`` components and components registered from Python) to every worker
+through Ray's ``runtime_env.py_modules``, locally and on a cluster alike: nobody writes a worker
+hook. Components defined in ``__main__`` travel by value inside the pickled config instead
+(see :class:`rayfl.registry.Named`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from rayfl import registry
+from rayfl.schema import ConfigError
+
+
+def components(cfg) -> list:
+    """The config's algorithm, model, dataset and availability model that are not built-ins."""
+    sections = (cfg.algorithm, cfg.model, cfg.data, cfg.availability)
+    return [s.component() for s in sections if not registry.is_builtin(s.KIND, s.component_name)]
+
+
+def runtime_env(cfg) -> dict:
+    """Ray ``runtime_env`` that makes the config's user components importable on every worker
+    (empty when every component is a built-in or lives in ``__main__``)."""
+    modules = registry.user_modules(components(cfg))
+    return {"py_modules": modules} if modules else {}
+
+
+def connect_ray(cfg, num_cpus: int | None = None) -> bool:
+    """Join the configured cluster or start a local Ray (unless one is up); returns whether this
+    call started or joined it (the caller then owns ``ray.shutdown``). A local Ray gets
+    ``num_cpus`` or ``runtime.ray_num_cpus`` or the machine's CPUs (at least what the actors
+    reserve), ``runtime.ray_num_gpus`` and ``runtime.dashboard``."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    rt, env = cfg.runtime, runtime_env(cfg)
+    if rt.address:
+        ray.init(address=rt.address, runtime_env=env or None, logging_level="WARNING")
+    else:
+        needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
+        cpus = num_cpus or rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
+        ray.init(address="local", num_cpus=cpus, num_gpus=rt.ray_num_gpus,
+                 include_dashboard=rt.dashboard, runtime_env=env or None,
+                 logging_level="WARNING", configure_logging=True)
+    return True
+
+
+def require_actor_resources(cfg) -> None:
+    """A ConfigError when the cluster cannot hold the run's client actors."""
+    import ray
+
+    rt = cfg.runtime
+    have = ray.cluster_resources()
+    cpu_need = rt.num_actors * rt.cpus_per_actor
+    gpu_need = rt.num_actors * rt.gpus_per_actor
+    if have.get("CPU", 0) + 1e-9 < cpu_need:
+        raise ConfigError("runtime.cpus_per_actor", rt.cpus_per_actor,
+                          f"num_actors × cpus_per_actor ≤ the cluster's {have.get('CPU', 0):g} "
+                          f"CPUs (asked for {cpu_need:g})")
+    if gpu_need and have.get("GPU", 0) + 1e-9 < gpu_need:
+        raise ConfigError("runtime.gpus_per_actor", rt.gpus_per_actor,
+                          f"num_actors × gpus_per_actor ≤ the cluster's {have.get('GPU', 0):g} "
+                          f"GPUs (asked for {gpu_need:g})")
