@@ -167,6 +167,15 @@ class FedMSI(Algorithm):
     Params = FedMSIParams
     needs_setup = True
     needs_client_models = True
+    degree_weighting = True  # aggregation.weighting: degree takes degrees from the graph
+
+    @classmethod
+    def check_config(cls, params: FedMSIParams, cfg) -> None:
+        trainable = cfg.data.num_clients - cfg.data.validation_clients
+        if trainable > params.dense_max_clients and params.knn >= trainable:
+            raise schema.ConfigError("algorithm.knn", params.knn,
+                                     f"fewer than the {trainable} training clients (the kNN "
+                                     "graph is used above algorithm.dense_max_clients)")
 
     # ----- set-up ------------------------------------------------------------------------
     def client_setup(self, x, y) -> Vec:

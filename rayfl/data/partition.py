@@ -159,6 +159,9 @@ def split(cfg, arrays, seed: int) -> tuple[np.ndarray, np.ndarray]:
     kind = cfg.stored_partition
     if kind == "natural":
         return natural(arrays.groups, num)
+    if num > n:
+        raise ConfigError("data.num_clients", num, f"at most the {n} training rows of "
+                          f"{cfg.dataset} (every client needs data)")
     if kind == "shards":
         return shards(labels, num, cfg.shards_per_client, rng)
     if kind == "dirichlet":

@@ -23,6 +23,7 @@ from torch import nn
 
 from rayfl import algorithms
 from rayfl.availability import make_sampler
+from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.models import rec_metrics
 from rayfl.runtime import checkpoint
@@ -128,17 +129,17 @@ class Server:
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
+            diverged = divergence.flag(row, self.algorithm.deployed(self.state), cfg.loss_ceiling)
             self.log.append(row)
+            self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
             if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
-            self.log.flush()
             self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
                 k: v for k, v in row.items() if k in PROGRESS_KEYS}})
-            if (row["completed"] and not np.isfinite(row["train_loss"])) or not torch.isfinite(
-                    self.algorithm.deployed(self.state)).all():
+            if diverged:
                 return self.log.finish(self._final_model(), diverged_at=t)
             if pause and not last:
                 return {"paused_after_round": t}

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import pickle
+import struct
+import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,9 +49,25 @@ class Arrays:
     eval_group: int = 0
 
 
+# what reading a damaged or foreign file raises, whatever its format
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+               pickle.UnpicklingError, zlib.error, struct.error, UnicodeDecodeError, ImportError)
+
+
 def load(cfg, seed: int) -> Arrays:
-    """The central dataset named by ``cfg.dataset``."""
-    return importlib.import_module(LOADERS[cfg.dataset]).load(cfg, seed)
+    """The central dataset named by ``cfg.dataset``; an unreadable file is a ConfigError on
+    ``data.root`` that names it."""
+    from rayfl.schema import ConfigError
+
+    try:
+        return importlib.import_module(LOADERS[cfg.dataset]).load(cfg, seed)
+    except ConfigError:
+        raise  # the loader's own clear message
+    except READ_ERRORS as e:
+        where = getattr(e, "filename", None) or cfg.root
+        raise ConfigError("data.root", where, f"readable {cfg.dataset} files in the documented "
+                          f"format ({type(e).__name__}: {' '.join(str(e).split())[:300]})") \
+            from None
 
 
 def require(root: str | None, paths: list[str], what: str, hint: str,
