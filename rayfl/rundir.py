@@ -45,7 +45,7 @@ def check_new(run_dir: str, key: str = "--run-dir") -> None:
         if os.path.exists(os.path.join(run_dir, "config.yaml")):
             raise ConfigError(key, run_dir, "a new or empty directory (it holds a run; use "
                               "`rayfl resume` to continue it)")
-        entries = sorted(os.listdir(run_dir))
+        entries = sorted(e for e in os.listdir(run_dir) if e != LOCK)  # a run that never began
         if entries:
             raise ConfigError(key, run_dir, f"a new or empty directory (it holds "
                               f"{len(entries)} entries that are not a run, e.g. {entries[0]!r})")
@@ -119,7 +119,8 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
         raise ConfigError("run_dir", path, f"a readable fingerprint.json ({type(e).__name__})") \
             from None
     new = result_keys(plain)
-    differ = sorted(k for k in set(old) | set(new) if old.get(k, "<unset>") != new.get(k, "<unset>"))
+    unset = "<unset>"
+    differ = sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset))
     if differ:
         shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} → {new.get(k, '<unset>')!r}"
                           for k in differ[:5])
@@ -127,3 +128,20 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
                           f"the values the run started with ({shown}); on resume only "
                           "runtime.* (not logical_shards), output_dir, name, data.root, "
                           "data.cache_dir and checkpoint.every may change")
+
+
+def check_metrics(run_dir: str) -> None:
+    """A run to resume has a readable ``metrics.parquet`` (or none yet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.join(run_dir, "metrics.parquet")
+    if not os.path.exists(path):
+        return
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as e:
+        raise ConfigError("run_dir", path, f"a readable Parquet file ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]})") from None
+    if "round" not in names:
+        raise ConfigError("run_dir", path, "rayfl's metrics table (a 'round' column)")

@@ -250,6 +250,7 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     _check_max_rounds(max_rounds)
     cfg = config_mod.load(path)
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
+    rundir.check_metrics(run_dir)
     _check_local_ray(cfg)
     lock = rundir.Lock(run_dir)
     try:

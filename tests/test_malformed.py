@@ -164,7 +164,8 @@ def _refused(argv, key, tmp_path, capsys, cache, run_dir=None):
 
 
 @pytest.mark.parametrize("overrides, key", SCHEMA_CASES + [
-    pytest.param(o, k, id=" ".join(o)[:60].encode("unicode_escape").decode()) for o, k in HAND_CASES])
+    pytest.param(o, k, id=" ".join(o)[:60].encode("unicode_escape").decode())
+    for o, k in HAND_CASES])
 def test_malformed_override_is_refused(overrides, key, tmp_path, capsys, cache, no_ray):
     _refused(["run", TINY, *overrides], key, tmp_path, capsys, cache)
 
@@ -273,6 +274,17 @@ def test_resume_of_a_directory_without_a_run_is_refused(tmp_path, capsys, cache,
     (tmp_path / "empty").mkdir()
     _refused(["resume", str(tmp_path / "empty")], "run_dir", tmp_path, capsys, cache,
              run_dir=str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("blob", [b"", b"PAR1garbagePAR1", b"not parquet"])
+def test_resume_with_garbage_metrics_is_refused(blob, tmp_path, capsys, cache, no_ray):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(open(TINY).read())
+    (run_dir / "metrics.parquet").write_bytes(blob)
+    line = _refused(["resume", str(run_dir)], "run_dir", tmp_path, capsys, cache,
+                    run_dir=str(run_dir))
+    assert "metrics.parquet" in line
 
 
 @pytest.mark.parametrize("address", ["127.0.0.1:1", "ray://127.0.0.1:1", "localhost:9"])
