@@ -49,11 +49,14 @@ def check_memory(cfg: "Config") -> None:
                           f"machine's {limit / 2**30:.0f} GiB")
     if d.dataset.startswith("synthetic"):
         rows = d.num_clients * d.samples_per_client + d.test_samples
-        need = 4 * rows * (d.features + 1) + per_client
+        need = 4 * rows * (d.features + 1) + 8 * d.classes * d.features + per_client
         if need > limit:
-            raise ConfigError("data.samples_per_client", d.samples_per_client,
-                              f"a synthetic dataset that fits in memory: num_clients × "
-                              f"samples_per_client × features floats need "
+            default = DataConfig()
+            sizes = ("num_clients", "samples_per_client", "test_samples", "features", "classes")
+            key = max(sizes, key=lambda k: getattr(d, k) / getattr(default, k))  # the outlier
+            raise ConfigError(f"data.{key}", getattr(d, key),
+                              f"a synthetic dataset that fits in memory: (num_clients × "
+                              f"samples_per_client + test_samples) × features floats need "
                               f"{need / 2**30:.3g} GiB of this machine's {limit / 2**30:.0f} GiB")
 
 
@@ -65,7 +68,7 @@ class ModelConfig:
                                         "(IMA), adabest_cnn, lenet5, resnet18_gn, ncf (MovieLens)")
     hidden: Optional[list[int]] = field(None, doc="hidden widths for mlp (default 100,100)")
     groups: int = field(2, doc="GroupNorm groups in resnet18_gn (IMA: 2); must divide 64", lo=1)
-    embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1)
+    embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1, hi=2**16)
 
     def check(self, prefix: str) -> None:
         from rayfl.models import MODELS

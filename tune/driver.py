@@ -193,7 +193,8 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
         lv.run.release()
     if summary.get("diverged_at_round") is not None:
         return _finish(study, trial, TrialState.PRUNED,
-                       reason=f"diverged (NaN/inf) in round {summary['diverged_at_round'] + 1}")
+                       reason=f"diverged in round {summary['diverged_at_round'] + 1} "
+                              f"({summary.get('diverged_reason', 'NaN/inf')})")
     if not lv.evals:
         return _finish(study, trial, TrialState.FAIL, reason="no evaluation logged")
     return _finish(study, trial, TrialState.COMPLETE, value=obj.value(lv.evals))
