@@ -159,18 +159,12 @@ def progress_line(info: dict) -> str:
 def _prepare(cfg: Config):
     """The partition store, checked against the model and the availability files, before
     anything else starts."""
-    from rayfl.availability import make_sampler
-    from rayfl.runtime.local import spec_from_config
+    from rayfl.availability import check_files
 
     handle = prepare(cfg.data, cfg.seed)
-    model = build_for(cfg.model, handle)
-    make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,
-                 spec_from_config(cfg.local), model_bytes=_model_bytes(model))
+    build_for(cfg.model, handle)
+    check_files(cfg.availability, handle.num_clients)
     return handle
-
-
-def _model_bytes(model) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _check_max_rounds(max_rounds: int | None) -> None:
