@@ -8,6 +8,8 @@ import sys
 from rayfl.schema import ConfigError
 from rayfl.simulation import RunStopped
 
+DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)
+
 
 def _cmd_run(args) -> int:
     from rayfl.simulation import run
@@ -16,7 +18,7 @@ def _cmd_run(args) -> int:
                  max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
-    return 0
+    return DIVERGED if result.summary.get("diverged") else 0
 
 
 def _cmd_resume(args) -> int:
@@ -25,7 +27,7 @@ def _cmd_resume(args) -> int:
     result = resume(args.run_dir, quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
-    return 0
+    return DIVERGED if result.summary.get("diverged") else 0
 
 
 def _cmd_compare(args) -> int:

@@ -7,16 +7,56 @@ Every key with its default and meaning is listed by ``rayfl keys`` and in ``conf
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 import yaml
 
-from rayfl import registry, schema
+from rayfl import registry, schema, yamlio
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.data.config import DataConfig
 from rayfl.schema import ConfigError, field
+
+
+MAX_ACTORS = 4096  # client actors: each is a process
+MAX_SHARDS = 2**20  # logical groups per round
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
+ADDRESS_PATTERN = re.compile(r"auto|local|ray://[^\s/:]+(:\d{1,5})?|[^\s/:]+:\d{1,5}")
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (the limit sizes are checked against)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
+
+
+def check_memory(cfg: "Config") -> None:
+    """Refuse sizes whose arrays could not fit in memory, before anything allocates them.
+
+    Counted: per-client bookkeeping (offsets, sizes, state versions, sampling pools: ~64 bytes a
+    client) and, for the generated datasets, their float32 rows."""
+    d, limit = cfg.data, memory_bytes()
+    per_client = 64 * d.num_clients
+    if per_client > limit:
+        raise ConfigError("data.num_clients", d.num_clients,
+                          f"a client count whose bookkeeping (~64 bytes each) fits in this "
+                          f"machine's {limit / 2**30:.0f} GiB")
+    if d.dataset.startswith("synthetic"):
+        rows = d.num_clients * d.samples_per_client + d.test_samples
+        need = 4 * rows * (d.features + 1) + 8 * d.classes * d.features + per_client
+        if need > limit:
+            default = DataConfig()
+            sizes = ("num_clients", "samples_per_client", "test_samples", "features", "classes")
+            key = max(sizes, key=lambda k: getattr(d, k) / getattr(default, k))  # the outlier
+            raise ConfigError(f"data.{key}", getattr(d, key),
+                              f"a synthetic dataset that fits in memory: (num_clients × "
+                              f"samples_per_client + test_samples) × features floats need "
+                              f"{need / 2**30:.3g} GiB of this machine's {limit / 2**30:.0f} GiB")
 
 
 @dataclass(frozen=True)
@@ -30,12 +70,14 @@ class ModelConfig(registry.Named):
                                         "num_classes, **params) -> torch.nn.Module")
     hidden: Optional[list[int]] = field(None, doc="hidden widths for mlp (default 100,100)")
     groups: int = field(2, doc="GroupNorm groups in resnet18_gn (IMA: 2); must divide 64", lo=1)
-    embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1)
+    embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1, hi=2**16)
     params: Any = field(None, doc="validated Params of the chosen model", flatten=True)
 
     def check(self, prefix: str) -> None:
-        if self.hidden is not None and (not self.hidden or min(self.hidden) < 1):
-            raise ConfigError(f"{prefix}.hidden", self.hidden, "a non-empty list of widths >= 1")
+        if self.hidden is not None and (not self.hidden or min(self.hidden) < 1 or
+                                        max(self.hidden) > 2**16):
+            raise ConfigError(f"{prefix}.hidden", self.hidden, "a non-empty list of widths in "
+                              "[1, 65536]")
         if 64 % self.groups:
             raise ConfigError(f"{prefix}.groups", self.groups, "a divisor of 64 (ResNet-18's "
                               "narrowest layer)")
@@ -167,14 +209,15 @@ class RuntimeConfig:
                    "debugging, notebooks); same model bytes either way")
     address: Optional[str] = field(None, doc="null: start a local Ray; 'auto', 'ray://...' or "
                                              "host:port joins a cluster")
-    num_actors: int = field(2, doc="client actors (each hosts many virtual clients)", lo=1)
+    num_actors: int = field(2, doc="client actors (each hosts many virtual clients)", lo=1,
+                            hi=MAX_ACTORS)
     cpus_per_actor: float = field(1.0, doc="CPUs reserved per client actor (torch threads = "
                                            "max(1, floor))", lo=0.0, lo_open=True)
     gpus_per_actor: float = field(0.0, doc="fractional GPU per actor (0.25 → four per GPU)",
                                   lo=0.0)
     logical_shards: int = field(16, doc="fixed groups a round's clients are summed in; sums are "
                                        "combined in group order so results do not depend on "
-                                       "num_actors", lo=1)
+                                       "num_actors", lo=1, hi=MAX_SHARDS)
     state_memory_mb: float = field(256.0, doc="memory budget for cached client state (all "
                                               "actors together); the rest stays on disk", lo=0.0)
     ray_num_cpus: Optional[int] = field(None, doc="CPUs for a local Ray (default: the machine's)",
@@ -195,8 +238,18 @@ class RuntimeConfig:
                                              "(s3://bucket/prefix?region=..., gs://...) holds "
                                              "<storage>/<run name>/ (needed on a cluster whose "
                                              "nodes share no file system)")
+    connect_timeout_s: float = field(15.0, doc="seconds to wait for the Ray head at "
+                                               "runtime.address before giving up", lo=0.0,
+                                     lo_open=True, hi=3600.0)
 
     def check(self, prefix: str) -> None:
+        if self.address is not None and not ADDRESS_PATTERN.fullmatch(self.address):
+            raise ConfigError(f"{prefix}.address", self.address,
+                              "null, 'auto', 'ray://HOST[:PORT]' or HOST:PORT")
+        if self.address is not None and ":" in self.address.removeprefix("ray://"):
+            port = int(self.address.rsplit(":", 1)[1])
+            if not 0 < port < 65536:
+                raise ConfigError(f"{prefix}.address", self.address, "a port in [1, 65535]")
         if self.storage is not None:
             from rayfl.runtime.storage import check_location
 
@@ -235,10 +288,16 @@ class KeepConfig:
 class Config:
     """One experiment."""
 
-    name: str = field("run", doc="run name (run directory prefix, actor names, metric tags)")
-    seed: int = field(0, doc="master seed: every random draw is keyed by it", lo=0)
+    name: str = field("run", doc="run name (run directory prefix, actor names, metric tags): "
+                                 "letters, digits and . _ + - (at most 100, no leading dot)")
+    seed: int = field(0, doc="master seed: every random draw is keyed by it", lo=0,
+                      hi=2**64 - 1)
     rounds: int = field(10, doc="communication rounds R", lo=1)
     clients_per_round: int = field(10, doc="clients sampled per round", lo=1)
+    loss_ceiling: Optional[float] = field(
+        1e6, doc="the run stops as diverged (flagged in summary.json and metrics.parquet, exit "
+                 "status 3) when a training, test or validation loss exceeds this; NaN/inf "
+                 "always stop it; null: no ceiling", lo=0.0, lo_open=True)
     output_dir: str = field("runs", doc="parent directory of run directories")
     data: DataConfig = field(factory=DataConfig)
     model: ModelConfig = field(factory=ModelConfig)
@@ -258,6 +317,19 @@ class Config:
     keep: KeepConfig = field(factory=KeepConfig)
 
     def check(self, prefix: str) -> None:
+        if not NAME_PATTERN.fullmatch(self.name):
+            raise ConfigError("name", self.name, "1 to 100 letters, digits, '.', '_', '+' or "
+                              "'-', not starting with '.' (it names a directory inside "
+                              "output_dir)")
+        if self.ima is not None:
+            start = self.ima.start  # as rayfl.algorithms.ima reads it
+            t_s = math.floor(start * self.rounds + 1e-9) if start < 1 else math.floor(
+                start + 1e-9)
+            if t_s >= self.rounds:
+                raise ConfigError("ima.start", self.ima.start,
+                                  f"a fraction < 1 or a round index < rounds = {self.rounds} "
+                                  f"(it starts IMA at round {t_s}, after the last round)")
+        check_memory(self)
         trainable = self.data.num_clients - self.data.validation_clients
         if self.clients_per_round > trainable:
             raise ConfigError("clients_per_round", self.clients_per_round,
@@ -355,8 +427,13 @@ def to_dict(cfg: Config) -> dict:
     return schema.to_dict(cfg)
 
 
-def _parse_value(text: str) -> Any:
-    return yaml.safe_load(text) if text != "" else ""
+def _parse_value(key: str, text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        return yamlio.parse(text)
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ConfigError(key, text, f"a YAML value ({yamlio.one_line(e)})") from None
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -375,7 +452,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(key, text, f"'{part}' to be a section, not {child!r}")
             node = child
-        node[parts[-1]] = _parse_value(text)
+        node[parts[-1]] = _parse_value(key, text)
     return raw
 
 
@@ -388,15 +465,27 @@ def _deep_copy(d: Any) -> Any:
 
 
 def read_yaml(path: str) -> dict:
-    """Load a YAML config file, with a clear error when it is missing or malformed."""
+    """Load a YAML config file, with a clear error when it is missing, malformed or empty."""
     if not os.path.isfile(path):
         raise ConfigError("config", path, "an existing YAML file")
-    with open(path) as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise ConfigError("config", path, f"valid YAML ({e})") from None
-    return raw or {}
+    try:
+        with open(path, "rb") as f:
+            raw = yamlio.parse(f.read())
+    except yamlio.DuplicateKeyError as e:
+        raise ConfigError(str(e.key), f"{path}:{e.line}", "each key once per mapping (this "
+                          "one is given twice)") from None
+    except yaml.YAMLError as e:
+        raise ConfigError("config", path, f"valid YAML ({yamlio.one_line(e)})") from None
+    except RecursionError:
+        raise ConfigError("config", path, "YAML nested at most a few hundred levels") from None
+    except OSError as e:
+        raise ConfigError("config", path, f"a readable file ({e.strerror})") from None
+    if raw is None:
+        raise ConfigError("config", path, "a YAML mapping of config keys (the file holds none)")
+    if not isinstance(raw, dict):
+        raise ConfigError("config", path, f"a YAML mapping of config keys, not a "
+                          f"{type(raw).__name__}")
+    return raw
 
 
 def load(source: Any, overrides: list[str] | None = None) -> Config:
@@ -406,7 +495,16 @@ def load(source: Any, overrides: list[str] | None = None) -> Config:
             return source
         source = to_dict(source)
     raw = read_yaml(source) if isinstance(source, (str, os.PathLike)) else source
-    return from_dict(apply_overrides(raw or {}, overrides or []))
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError("<root>", raw, "a mapping of config keys")
+    return from_dict(apply_overrides(expand_shorthands(raw or {}), overrides or []))
+
+
+def expand_shorthands(raw: dict) -> dict:
+    """``algorithm: scaffold`` is short for ``algorithm: {name: scaffold}``."""
+    if isinstance(raw.get("algorithm"), str):
+        return {**raw, "algorithm": {"name": raw["algorithm"]}}
+    return raw
 
 
 def dump(cfg: Config, path: str) -> None:

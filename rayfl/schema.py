@@ -9,6 +9,7 @@ live in a section's ``check()`` method, which raises :class:`ConfigError` itself
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -18,7 +19,17 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, expected: str):
         self.key, self.value, self.expected = key, value, expected
-        super().__init__(f"config key '{key}' = {value!r}: expected {expected}")
+        super().__init__(f"config key {_short(str(key))} = {_short(value)}: expected "
+                         f"{' '.join(str(expected).split())}")
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``repr`` on one line, cut to ``limit`` characters (a 3000-deep list stays readable)."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<{type(value).__name__} nested too deeply to show>"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def field(default: Any = dataclasses.MISSING, *, doc: str = "", lo=None, hi=None,
@@ -92,10 +103,18 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(key, value, "a number")
-        return float(value)
+        try:
+            value = float(value)
+        except OverflowError:
+            raise ConfigError(key, value, "a number within ±1.8e308") from None
+        if not math.isfinite(value):
+            raise ConfigError(key, value, "a finite number (not NaN or infinity)")
+        return value
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(key, value, "a string")
+        if "\0" in value:
+            raise ConfigError(key, value, "a string without NUL characters")
         return value
     if tp is Any:
         return value

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
+from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
 from rayfl.metrics.log import write_json
@@ -37,12 +38,27 @@ class RunResult:
 
 def new_run_dir(cfg: Config) -> str:
     """``<output_dir>/<name>-<timestamp>`` (made unique)."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = os.path.join(cfg.output_dir, f"{cfg.name}-{stamp}")
-    path, i = base, 1
-    while os.path.exists(path):
-        path, i = f"{base}-{i}", i + 1
-    return path
+    return rundir.new_path(cfg.output_dir, cfg.name)
+
+
+def _ensure_ray(cfg: Config) -> None:
+    """Join or start Ray and check the run's actors fit it (before any file is written); the
+    in-process executor needs no Ray."""
+    if cfg.runtime.executor == "inprocess":
+        return
+    connect_ray(cfg)
+    require_actor_resources(cfg)
+
+
+def _check_local_ray(cfg: Config) -> None:
+    """A local Ray cannot host absurd actor counts (each actor is a process): refused before
+    anything starts."""
+    rt = cfg.runtime
+    local = rt.ray_num_cpus or os.cpu_count() or 1
+    if rt.executor == "ray" and rt.address is None and rt.num_actors > 8 * local:
+        raise ConfigError("runtime.num_actors", rt.num_actors,
+                          f"at most 8 × the {local} CPUs of a local Ray (each actor is a "
+                          "process); join a cluster with runtime.address")
 
 
 def _start(cfg: Config, handle, run_dir: str, resume: bool):
@@ -127,9 +143,13 @@ def progress_line(info: dict) -> str:
 
 
 def _prepare(cfg: Config):
-    """The partition store, checked against the model, before anything else starts."""
+    """The partition store, checked against the model and the availability files, before
+    anything else starts."""
+    from rayfl.availability import check_files
+
     handle = prepare(cfg.data, cfg.seed)
     build_for(cfg.model, handle)
+    check_files(cfg.availability, handle.num_clients)
     return handle
 
 
@@ -146,6 +166,12 @@ def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
 
 
+def _check_max_rounds(max_rounds: int | None) -> None:
+    if max_rounds is not None and (isinstance(max_rounds, bool) or max_rounds < 1):
+        raise ConfigError("--max-rounds", max_rounds, "an integer >= 1 (rounds to run before "
+                          "pausing)")
+
+
 def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
     if cfg.runtime.executor == "inprocess":
@@ -153,8 +179,6 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     else:
         import ray
 
-        connect_ray(cfg)
-        require_actor_resources(cfg)
         server, actors = _start(cfg, handle, run_dir, resume)
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
@@ -168,9 +192,9 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
                   f"continue with: rayfl resume {run_dir}")
         return RunResult(run_dir, pq.read_table(os.path.join(run_dir, "metrics.parquet")),
                          {"status": "paused", **summary}, None)
-    if summary.get("diverged_at_round") is not None and not quiet:
-        print(f"run diverged (NaN/inf) at round {summary['diverged_at_round']}; stopped cleanly",
-              file=sys.stderr)
+    if summary.get("diverged"):  # said even with --quiet: the run did not do what was asked
+        print(f"rayfl: run diverged in round {summary['diverged_at_round'] + 1} "
+              f"({summary.get('diverged_reason')}); stopped; see {run_dir}", file=sys.stderr)
     return load_result(run_dir)
 
 
@@ -191,28 +215,49 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     ``max_rounds`` pauses after that many rounds (checkpointed; :func:`resume` continues).
     ``on_round(info)`` sees each round's headline numbers (round, train_loss, test/val
     accuracy when evaluated, round_s); returning True pauses the run after that round.
+    Every check that can fail runs before the run directory is created.
     """
     cfg = config_mod.load(source, overrides)
-    handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
+    _check_max_rounds(max_rounds)
+    _check_local_ray(cfg)
     run_dir = run_dir or new_run_dir(cfg)
-    if os.path.exists(os.path.join(run_dir, "config.yaml")):
-        raise ConfigError("--run-dir", run_dir, "a new or empty directory (it holds a run; use "
-                          "`rayfl resume` to continue it)")
+    rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
+    handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
+    _ensure_ray(cfg)
+    rundir.check_new(run_dir)  # still free after the checks
     os.makedirs(run_dir, exist_ok=True)
-    config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
-    return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
+    lock = rundir.Lock(run_dir)
+    try:
+        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
+        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))
+        return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
+    finally:
+        lock.release()
 
 
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
            on_round=None) -> RunResult:
-    """Continue a run from its last checkpoint (from scratch if it never wrote one)."""
+    """Continue a run from its last checkpoint (from scratch if it never wrote one).
+
+    Refused while another process writes the run, and when ``config.yaml`` was edited in a key
+    that can change results (see :mod:`rayfl.rundir`)."""
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
+    _check_max_rounds(max_rounds)
     cfg = config_mod.load(path)
     location = storage.run_location(cfg, run_dir)
     has_checkpoint = checkpoint.exists(location)
     if has_checkpoint:
         checkpoint.verify(location)  # damaged or incomplete: a clear error before Ray starts
-    return _execute(cfg, _prepare(cfg), run_dir, has_checkpoint, quiet, max_rounds, on_round)
+    rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
+    rundir.check_metrics(run_dir)
+    _check_local_ray(cfg)
+    lock = rundir.Lock(run_dir)
+    try:
+        handle = _prepare(cfg)
+        _ensure_ray(cfg)
+        return _execute(cfg, handle, run_dir, has_checkpoint, quiet, max_rounds, on_round)
+    finally:
+        lock.release()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -72,12 +70,10 @@ def test_label_dirichlet_gives_exact_sizes_and_keeps_class_totals(alpha):
         assert top < 0.35  # close to the uniform 0.1 (sampling noise of 50 draws)
 
 
-def test_label_dirichlet_with_lognormal_sizes_and_a_million_rows_is_fast():
+def test_label_dirichlet_with_lognormal_sizes_and_a_million_rows():
     y = labels_of(100_000)  # 1M rows
     sizes = part.lognormal_sizes(len(y), 200_000, 0.3, rng())
-    tick = time.perf_counter()
     order, offsets = part.label_dirichlet(y, sizes, 0.1, rng(4))
-    assert time.perf_counter() - tick < 10
     np.testing.assert_array_equal(np.diff(offsets), sizes)
     assert_every_sample_once(order, offsets, len(y))
 

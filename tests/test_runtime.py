@@ -72,21 +72,20 @@ def _rayfl(*args, env=None):
 
 
 def test_resume_after_sigkill_gives_same_bytes(tmp_path):
-    common = [f"data.cache_dir={tmp_path / 'cache'}", "rounds=14", "algorithm.name=scaffold",
+    rounds = 30  # killed after 3: 27 rounds of margin between the poll and the kill
+    common = [f"data.cache_dir={tmp_path / 'cache'}", f"rounds={rounds}", "algorithm.name=scaffold",
               "data.num_clients=40", "clients_per_round=8", "local.epochs=3"]
     full = _rayfl("run", TINY, *common, "--quiet", f"--run-dir={tmp_path / 'full'}")
     killed_dir = tmp_path / "killed"
     victim = _rayfl("run", TINY, *common, f"--run-dir={killed_dir}", "runtime.num_actors=1",
                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        metrics = killed_dir / "metrics.parquet"
-        if metrics.exists() and pq.read_table(metrics).num_rows >= 4:
-            break
-        time.sleep(0.2)
+    metrics = killed_dir / "metrics.parquet"
+    while not (metrics.exists() and pq.read_table(metrics).num_rows >= 3):
+        assert victim.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.05)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
-    assert pq.read_table(killed_dir / "metrics.parquet").num_rows < 14
+    assert pq.read_table(metrics).num_rows < rounds
     resumed = _rayfl("resume", str(killed_dir), "--quiet")
     out_resumed, _ = resumed.communicate(timeout=300)
     out_full, _ = full.communicate(timeout=300)
@@ -96,7 +95,7 @@ def test_resume_after_sigkill_gives_same_bytes(tmp_path):
     s_res = json.load(open(killed_dir / "summary.json"))
     assert s_res["model_sha256"] == s_full["model_sha256"]
     assert pq.read_table(killed_dir / "metrics.parquet").column("round").to_pylist() == list(
-        range(14))
+        range(rounds))
 
 
 def test_compare_runs_each_algorithm_on_the_same_setting(ray_local, tiny):

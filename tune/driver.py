@@ -164,7 +164,9 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
                            reason=f"diverged: {obj.metric} = {m} after round {n}")
         lv.evals.append((n, m))
         trial.report(obj.value(lv.evals), n)
-        if not ended and n < lv.rounds and trial.should_prune():  # the last round completes
+        # whether the run already ended when its rows were read plays no part: the decision
+        # depends on the reported values alone (the last round completes)
+        if n < lv.rounds and trial.should_prune():
             lv.run.stop()
             return _finish(study, trial, TrialState.PRUNED,
                            reason=f"pruned after round {n} ({obj.metric} = {m:.4g})")
@@ -180,7 +182,8 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
         lv.run.release()
     if summary.get("diverged_at_round") is not None:
         return _finish(study, trial, TrialState.PRUNED,
-                       reason=f"diverged (NaN/inf) in round {summary['diverged_at_round'] + 1}")
+                       reason=f"diverged in round {summary['diverged_at_round'] + 1} "
+                              f"({summary.get('diverged_reason', 'NaN/inf')})")
     if not lv.evals:
         return _finish(study, trial, TrialState.FAIL, reason="no evaluation logged")
     return _finish(study, trial, TrialState.COMPLETE, value=obj.value(lv.evals))

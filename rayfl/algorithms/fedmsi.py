@@ -174,6 +174,14 @@ class FedMSI(Algorithm):
     paper_weighting = "degree"
     extra_weightings = ("degree",)
 
+    @classmethod
+    def check_config(cls, params: FedMSIParams, cfg) -> None:
+        trainable = cfg.data.num_clients - cfg.data.validation_clients
+        if trainable > params.dense_max_clients and params.knn >= trainable:
+            raise schema.ConfigError("algorithm.knn", params.knn,
+                                     f"fewer than the {trainable} training clients (the kNN "
+                                     "graph is used above algorithm.dense_max_clients)")
+
     # ----- set-up ------------------------------------------------------------------------
     @classmethod
     def search_space(cls) -> dict[str, dict]:

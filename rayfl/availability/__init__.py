@@ -23,5 +23,16 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
                    poisson_rate)
 
 
+def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
+    """Read the trace and capacity files the way a run will (a ConfigError naming a bad one),
+    so that a broken file stops the run before anything starts."""
+    from rayfl.availability.devices import _read_capacity
+
+    if cfg.model == "trace":
+        Trace(cfg.trace_path, num_clients)
+    if cfg.capacity_path is not None:
+        _read_capacity(cfg.capacity_path)
+
+
 __all__ = ["AvailabilityConfig", "AvailabilityModel", "Context", "RoundPlan", "Sampler",
-           "make_sampler"]
+           "check_files", "make_sampler"]

@@ -31,7 +31,8 @@ class AvailabilityConfig(registry.Named):
         "none", doc="bernoulli/diurnal: tie availability to data: label ranks clients' online "
                     "probability (bernoulli) or picks their time zone (diurnal) by dominant "
                     "label, which creates period drift on purpose")
-    zones: int = field(24, doc="diurnal: time zones, evenly spread over the day", lo=1)
+    zones: int = field(24, doc="diurnal: time zones, evenly spread over the day (at most one "
+                              "a minute)", lo=1, hi=1440)
     peak_hour: float = field(2.0, doc="diurnal: local hour of peak availability (devices idle "
                                       "and charging at night)", lo=0.0, hi=24.0, hi_open=True)
     amplitude: float = field(0.8, doc="diurnal: relative swing of the daily curve: p(h) = mean"

@@ -159,7 +159,14 @@ def split(cfg, arrays, seed: int) -> tuple[np.ndarray, np.ndarray]:
     kind = cfg.stored_partition
     if kind == "natural":
         return natural(arrays.groups, num)
+    if num > n:
+        raise ConfigError("data.num_clients", num, f"at most the {n} training rows of "
+                          f"{cfg.dataset} (every client needs data)")
     if kind == "shards":
+        if num * cfg.shards_per_client > n:
+            raise ConfigError("data.shards_per_client", cfg.shards_per_client,
+                              f"at most {n // num} (data.num_clients × shards_per_client "
+                              f"shards of the {n} training rows)")
         return shards(labels, num, cfg.shards_per_client, rng)
     if kind == "dirichlet":
         return dirichlet(labels, num, cfg.alpha, rng, cfg.min_samples)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -48,11 +49,18 @@ class MetricsLog:
         write_parquet(self.rows, self.path)
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None) -> dict:
-        """Write the final model, the summary and the accuracy plot; return the summary."""
+        """Write the final model, the summary and the accuracy plot; return the summary.
+
+        A diverged run's summary says so (``diverged``, ``diverged_at_round``, and the reason
+        the last row gives)."""
+        self.flush()  # the last row's checkpoint time
         np.save(os.path.join(self.run_dir, "final_model.npy"), final_model)
         summary = summarize(self.rows, self.cfg, final_model)
+        summary["diverged"] = diverged_at is not None
         if diverged_at is not None:
             summary["diverged_at_round"] = diverged_at
+            summary["diverged_reason"] = self.rows[-1].get("diverged_reason") if self.rows \
+                else None
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online
         from rayfl.metrics.plots import plot_accuracy
@@ -100,12 +108,37 @@ def write_parquet(rows: list[dict], path: str) -> None:
     table = pa.table({k: [r.get(k) for r in rows] for k in keys})
     tmp = path + ".tmp"
     pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    _commit(tmp, path)
+
+
+def strict(obj):
+    """``obj`` with every NaN/inf float replaced by None (strict JSON has no NaN)."""
+    if isinstance(obj, dict):
+        return {k: strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
 
 
 def write_json(obj: dict, path: str) -> None:
-    """A JSON file, written atomically."""
+    """A strict JSON file (NaN/inf written as null), written atomically and durably."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
+        json.dump(strict(obj), f, indent=2, allow_nan=False)
+    _commit(tmp, path)
+
+
+def _commit(tmp: str, path: str) -> None:
+    """Make ``tmp`` durable, then rename it over ``path`` (a crash leaves one or the other)."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself
+    finally:
+        os.close(folder)

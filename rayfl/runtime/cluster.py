@@ -40,7 +40,7 @@ def connect_ray(cfg, num_cpus: int | None = None) -> bool:
         return False
     rt, env = cfg.runtime, runtime_env(cfg)
     if rt.address:
-        ray.init(address=rt.address, runtime_env=env or None, logging_level="WARNING")
+        _join(rt, env)
     else:
         needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
         cpus = num_cpus or rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
@@ -48,6 +48,30 @@ def connect_ray(cfg, num_cpus: int | None = None) -> bool:
                  include_dashboard=rt.dashboard, runtime_env=env or None,
                  logging_level="WARNING", configure_logging=True)
     return True
+
+
+def _join(rt, env: dict) -> None:
+    """``ray.init`` on ``runtime.address``; an unreachable head is a ConfigError within
+    ``runtime.connect_timeout_s``."""
+    import socket
+
+    import ray
+
+    target = rt.address.removeprefix("ray://")
+    if ":" in target:
+        host, port = target.rsplit(":", 1)
+        try:
+            socket.create_connection((host, int(port)), timeout=rt.connect_timeout_s).close()
+        except OSError as e:
+            raise ConfigError("runtime.address", rt.address,
+                              f"a reachable Ray head (no connection within "
+                              f"{rt.connect_timeout_s:g} s: {e.strerror or e})") from None
+    try:
+        ray.init(address=rt.address, runtime_env=env or None, logging_level="WARNING")
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as e:
+        raise ConfigError("runtime.address", rt.address,
+                          f"a running Ray cluster ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:300]})") from None
 
 
 def require_actor_resources(cfg) -> None:

@@ -21,6 +21,7 @@ from rayfl import algorithms, privacy
 from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
 from rayfl.data.evaluators import test_metrics
+from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.runtime import checkpoint, state_store, storage
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
@@ -126,19 +127,19 @@ class Server:
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
+            diverged = divergence.flag(row, self.algorithm.deployed(self.state), cfg.loss_ceiling)
             self.log.append(row)
+            self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
             if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
-            self.log.flush()
             self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
                 k: v for k, v in row.items() if k in PROGRESS_KEYS}})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
-            if (row["completed"] and not np.isfinite(row["train_loss"])) or not torch.isfinite(
-                    self.algorithm.deployed(self.state)).all():
+            if diverged:
                 return self.log.finish(self._final_model(), diverged_at=t)
             if pause and not last:
                 return {"paused_after_round": t}

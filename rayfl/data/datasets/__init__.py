@@ -9,6 +9,10 @@ read from ``data_cfg.params``), ``natural = True`` (rows carry writers/users) an
 
 from __future__ import annotations
 
+import importlib
+import pickle
+import struct
+import zlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -39,12 +43,26 @@ class Arrays:
     eval_group: int = 0
 
 
-def load(cfg, seed: int) -> Arrays:
-    """The central dataset named by ``cfg.dataset``."""
-    arrays = cfg.component().load(cfg, seed)
-    if not isinstance(arrays, Arrays):
-        from rayfl.schema import ConfigError
+# what reading a damaged or foreign file raises, whatever its format
+READ_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+               pickle.UnpicklingError, zlib.error, struct.error, UnicodeDecodeError, ImportError)
 
+
+def load(cfg, seed: int) -> Arrays:
+    """The central dataset named by ``cfg.dataset``; an unreadable file is a ConfigError on
+    ``data.root`` that names it."""
+    from rayfl.schema import ConfigError
+
+    try:
+        arrays = cfg.component().load(cfg, seed)
+    except ConfigError:
+        raise  # the loader's own clear message
+    except READ_ERRORS as e:
+        where = getattr(e, "filename", None) or cfg.root
+        raise ConfigError("data.root", where, f"readable {cfg.dataset} files in the documented "
+                          f"format ({type(e).__name__}: {' '.join(str(e).split())[:300]})") \
+            from None
+    if not isinstance(arrays, Arrays):
         raise ConfigError("data.dataset", cfg.dataset, f"a loader returning "
                           f"rayfl.data.datasets.Arrays (it returned {type(arrays).__name__})")
     return arrays

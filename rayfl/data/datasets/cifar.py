@@ -7,7 +7,8 @@ import pickle
 
 import numpy as np
 
-from rayfl.data.datasets import Arrays, require
+from rayfl.data.datasets import READ_ERRORS, Arrays, require
+from rayfl.schema import ConfigError
 
 LAYOUT = {  # dataset -> (folder, train files, test file, label key, classes)
     "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], "test_batch",
@@ -19,9 +20,18 @@ HINT = ("download and unpack the python version from https://www.cs.toronto.edu/
 
 
 def _batch(path: str, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
-    with open(path, "rb") as f:
-        d = pickle.load(f, encoding="bytes")
-    return np.asarray(d[b"data"], dtype=np.uint8), np.asarray(d[label_key], dtype=np.int64)
+    try:
+        with open(path, "rb") as f:
+            d = pickle.load(f, encoding="bytes")
+        x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3072)
+        y = np.asarray(d[label_key], dtype=np.int64).reshape(-1)
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} images but {len(y)} labels")
+    except READ_ERRORS as e:
+        raise ConfigError("data.root", path, f"a CIFAR python batch: a pickled dict with b'data' "
+                          f"(n × 3072 uint8) and {label_key!r} ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]})") from None
+    return x, y
 
 
 def load(cfg, seed: int) -> Arrays:

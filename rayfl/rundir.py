@@ -1,0 +1,148 @@
+"""Run-directory safety: where a new run may go, one writer at a time, and what resume accepts.
+
+A new run goes into a new or empty directory (never over a user's files, never outside
+``output_dir`` through its name); the process that writes a run directory holds an exclusive
+lock on ``<run_dir>/.lock`` for as long as it runs; ``fingerprint.json``, written when the run
+starts, records every config value that can change results, so ``resume`` refuses a
+``config.yaml`` edited in those keys and names them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import hashlib
+import json
+import os
+
+from rayfl.schema import ConfigError
+
+LOCK = ".lock"
+FINGERPRINT = "fingerprint.json"
+# keys that cannot change a run's results (where it runs and where files go); every other key
+# does. runtime.logical_shards is not among them: it fixes the order of the sums; nor are
+# runtime.storage and name, which say where the run's checkpoints and client state are.
+NEUTRAL = ("runtime.", "output_dir", "data.root", "data.cache_dir", "checkpoint.every")
+NEUTRAL_EXCEPT = ("runtime.logical_shards", "runtime.storage")
+
+
+def new_path(output_dir: str, name: str) -> str:
+    """``<output_dir>/<name>-<timestamp>`` (made unique), checked to lie inside output_dir."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = os.path.join(output_dir, f"{name}-{stamp}")
+    if os.path.dirname(os.path.abspath(base)) != os.path.abspath(output_dir):
+        raise ConfigError("name", name, "a name that stays inside output_dir")
+    path, i = base, 1
+    while os.path.exists(path):
+        path, i = f"{base}-{i}", i + 1
+    return path
+
+
+def check_new(run_dir: str, key: str = "--run-dir") -> None:
+    """A new run may write ``run_dir``: absent, or an empty directory, in a writable place."""
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise ConfigError(key, run_dir, "a directory (a file of that name exists)")
+    if os.path.isdir(run_dir):
+        if os.path.exists(os.path.join(run_dir, "config.yaml")):
+            raise ConfigError(key, run_dir, "a new or empty directory (it holds a run; use "
+                              "`rayfl resume` to continue it)")
+        entries = sorted(e for e in os.listdir(run_dir) if e != LOCK)  # a run that never began
+        if entries:
+            raise ConfigError(key, run_dir, f"a new or empty directory (it holds "
+                              f"{len(entries)} entries that are not a run, e.g. {entries[0]!r})")
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            raise ConfigError(key, run_dir, "a directory this user may write")
+        return
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(key, run_dir, f"a path this user may create ({parent} is not a "
+                          "writable directory)")
+
+
+class Lock:
+    """An exclusive ``flock`` on ``<run_dir>/.lock``, held until :meth:`release` (or exit)."""
+
+    def __init__(self, run_dir: str):
+        self.file = open(os.path.join(run_dir, LOCK), "a")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.file.close()
+            raise ConfigError("run_dir", run_dir, "a run directory no other process is writing "
+                              "(a `rayfl run` or `rayfl resume` of it is still going)") from None
+
+    def release(self) -> None:
+        """Let another process write the directory."""
+        if not self.file.closed:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def result_keys(plain: dict) -> dict:
+    """The flattened config values that can change results (see ``NEUTRAL``)."""
+    return {k: v for k, v in sorted(_flatten(plain).items())
+            if k in NEUTRAL_EXCEPT or not any(k == n or k.startswith(n) for n in NEUTRAL)}
+
+
+def write_fingerprint(run_dir: str, plain: dict) -> None:
+    """``fingerprint.json``: the result-changing values and their sha256."""
+    values = result_keys(plain)
+    blob = json.dumps(values, sort_keys=True, allow_nan=False)
+    tmp = os.path.join(run_dir, FINGERPRINT + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"sha256": hashlib.sha256(blob.encode()).hexdigest(), "values": values}, f,
+                  indent=1, allow_nan=False)
+    os.replace(tmp, os.path.join(run_dir, FINGERPRINT))
+
+
+def check_fingerprint(run_dir: str, plain: dict) -> None:
+    """Refuse a config whose result-changing values differ from those the run started with."""
+    path = os.path.join(run_dir, FINGERPRINT)
+    if not os.path.isfile(path):
+        return  # a run from before fingerprints: nothing to compare with
+    try:
+        with open(path) as f:
+            old = json.load(f)["values"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("run_dir", path, f"a readable fingerprint.json ({type(e).__name__})") \
+            from None
+    new = result_keys(plain)
+    unset = "<unset>"
+    differ = sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset))
+    if differ:
+        shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} → {new.get(k, '<unset>')!r}"
+                          for k in differ[:5])
+        raise ConfigError(", ".join(differ), os.path.join(run_dir, "config.yaml"),
+                          f"the values the run started with ({shown}); on resume only "
+                          "runtime.* (not logical_shards or storage), output_dir, data.root, "
+                          "data.cache_dir and checkpoint.every may change")
+
+
+def check_metrics(run_dir: str) -> None:
+    """A run to resume has a readable ``metrics.parquet`` (or none yet)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = os.path.join(run_dir, "metrics.parquet")
+    if not os.path.exists(path):
+        return
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, pa.ArrowException) as e:
+        raise ConfigError("run_dir", path, f"a readable Parquet file ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]})") from None
+    if "round" not in names:
+        raise ConfigError("run_dir", path, "rayfl's metrics table (a 'round' column)")

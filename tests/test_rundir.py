@@ -1,0 +1,177 @@
+"""Run directories: one writer, no run over a user's files, checks before anything is created,
+resume only with the config that made the run, metrics durable before their checkpoint, and
+divergence stopped, flagged and reported in strict JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+import rayfl
+from rayfl import rundir
+from rayfl.cli import main
+from tests.conftest import TINY
+
+
+def _strict_json(path):
+    def refuse(token):
+        raise AssertionError(f"{path} holds a bare {token}")
+
+    with open(path) as f:
+        return json.load(f, parse_constant=refuse)
+
+
+def test_resource_check_fails_before_the_run_directory_exists(ray_local, tiny, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["run", TINY, *tiny, "runtime.gpus_per_actor=1", f"--run-dir={run_dir}",
+                 "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "runtime.gpus_per_actor" in err[0]
+    assert not run_dir.exists()
+    # the corrected command then runs in that same directory
+    assert main(["run", TINY, *tiny, "rounds=1", f"--run-dir={run_dir}", "--quiet"]) == 0
+
+
+def test_locked_run_refuses_a_second_writer_and_resume_refuses_an_edited_config(
+        ray_local, tiny, tmp_path, capsys):
+    run_dir = str(tmp_path / "run")
+    paused = rayfl.run(TINY, tiny + ["rounds=3"], run_dir=run_dir, quiet=True, max_rounds=1)
+    assert paused.summary["status"] == "paused"
+    assert os.path.isfile(os.path.join(run_dir, rundir.FINGERPRINT))
+
+    held = rundir.Lock(run_dir)  # another process writing it (flock: per open file)
+    try:
+        assert main(["resume", run_dir, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no other process is writing" in err[0]
+    finally:
+        held.release()
+
+    path = os.path.join(run_dir, "config.yaml")
+    original = open(path).read()
+    for edit, keys in [({"seed": 5}, "seed"), ({"local": {"lr": 0.5}}, "local.lr"),
+                       ({"algorithm": {"name": "scaffold"}}, "algorithm.name"),
+                       ({"runtime": {"logical_shards": 4}}, "runtime.logical_shards")]:
+        raw = yaml.safe_load(original)
+        for section, value in edit.items():
+            raw[section] = {**raw[section], **value} if isinstance(value, dict) else value
+        with open(path, "w") as f:
+            yaml.safe_dump(raw, f)
+        assert main(["resume", run_dir, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"'{keys}" in err[0], err
+        assert pq.read_table(os.path.join(run_dir, "metrics.parquet")).num_rows == 1
+
+    raw = yaml.safe_load(original)  # where it runs may change
+    raw["runtime"] = {**raw["runtime"], "num_actors": 1, "state_memory_mb": 1.0}
+    with open(path, "w") as f:
+        yaml.safe_dump(raw, f)
+    resumed = rayfl.resume(run_dir, quiet=True)
+    full = rayfl.run(TINY, tiny + ["rounds=3"], quiet=True)
+    assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
+
+
+def test_name_cannot_escape_output_dir():
+    with pytest.raises(rayfl.ConfigError) as err:
+        rundir.new_path("/tmp/out", "../x")
+    assert err.value.key == "name"
+
+
+class _Log:
+    """Records what the metrics log held when each checkpoint was written."""
+
+    def __init__(self):
+        self.rows, self.flushed, self.at_checkpoint = [], 0, []
+
+    def append(self, row):
+        self.rows.append(row)
+
+    def flush(self):
+        self.flushed = len(self.rows)
+
+    def finish(self, model, diverged_at=None):
+        return {"diverged_at_round": diverged_at}
+
+
+def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
+    """The server's round loop around stand-ins for rounds, evaluation and checkpoints."""
+    from types import SimpleNamespace
+
+    from rayfl.runtime.server import Server
+
+    s = object.__new__(Server)
+    s.cfg = SimpleNamespace(rounds=rounds, loss_ceiling=ceiling,
+                            eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1))
+    s.log, s.progress_rows, s.stop_requested = _Log(), [], False
+    s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
+    s.state = {"x": torch.zeros(3)}
+    s.algorithm = SimpleNamespace(deployed=lambda state: state["x"])
+    s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
+    s.evaluate = lambda: {"test_loss": 1.0, "test_accuracy": 0.5}
+    s._checkpoint = lambda t, elapsed: s.log.at_checkpoint.append((t, s.log.flushed))
+    s._final_model = lambda: np.zeros(3, dtype=np.float32)
+    return s
+
+
+def test_metrics_rows_are_flushed_before_the_checkpoint_that_covers_them():
+    s = _bare_server(3, [1.0, 0.9, 0.8])
+    s.run()
+    assert s.log.at_checkpoint == [(0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("losses, ceiling, stop, why", [
+    ([1.0, float("nan"), 0.5], 1e6, 1, "train_loss is nan"),
+    ([1.0, float("inf"), 0.5], None, 1, "train_loss is inf"),
+    ([1.0, 2.0, 6.8e29], 1e6, 2, "train_loss = 6.8e+29 > loss_ceiling"),
+    ([1.0, 50.0, 0.5], 10.0, 1, "train_loss = 50 > loss_ceiling = 10"),
+    ([1.0, 6.8e29, 0.5], None, None, None),  # no ceiling: only NaN/inf stop
+])
+def test_divergence_stops_the_loop_and_flags_the_row(losses, ceiling, stop, why):
+    s = _bare_server(3, losses, ceiling)
+    summary = s.run()
+    assert summary["diverged_at_round"] == stop
+    flags = [r["diverged"] for r in s.log.rows]
+    if stop is None:
+        assert flags == [False] * 3
+    else:
+        assert flags == [False] * stop + [True] and s.log.rows[-1]["diverged_reason"].startswith(
+            why)
+
+
+def test_nan_model_is_divergence_even_with_a_finite_loss():
+    from rayfl.metrics.divergence import reason
+
+    assert reason({"train_loss": 1.0, "completed": 1}, torch.tensor([0.0, float("nan")]),
+                  None) == "the model holds NaN/inf"
+    assert reason({"train_loss": float("nan"), "completed": 0}, torch.zeros(2), 1.0) is None
+
+
+def test_diverged_run_exits_3_says_so_when_quiet_and_writes_strict_json(ray_local, tiny,
+                                                                        tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = main(["run", TINY, *tiny, "rounds=5", "local.lr=1e4", "loss_ceiling=1e3",
+                 f"--run-dir={run_dir}", "--quiet"])
+    out = capsys.readouterr()
+    assert code == 3
+    assert "diverged" in out.err and str(run_dir) in out.err
+    summary = _strict_json(run_dir / "summary.json")
+    assert summary["diverged"] is True and summary["diverged_at_round"] < 4
+    assert "loss" in summary["diverged_reason"] or "NaN" in summary["diverged_reason"]
+    rows = pq.read_table(run_dir / "metrics.parquet").to_pylist()
+    assert [r["diverged"] for r in rows] == [False] * (len(rows) - 1) + [True]
+    _strict_json(run_dir / "fingerprint.json")
+    _strict_json(run_dir / "actors.json")
+
+
+def test_write_json_turns_nan_and_inf_into_null(tmp_path):
+    from rayfl.metrics.log import write_json
+
+    write_json({"a": float("nan"), "b": [np.float32("inf"), 1.5], "c": {"d": -float("inf")}},
+               str(tmp_path / "x.json"))
+    assert _strict_json(tmp_path / "x.json") == {"a": None, "b": [None, 1.5], "c": {"d": None}}
