@@ -20,7 +20,10 @@ import pyarrow.parquet as pq
 from rayfl import config as config_mod
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
+from rayfl.metrics import provenance
 from rayfl.metrics.log import write_json
+from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
+                                    sigterm_as_interrupt)
 from rayfl.models import build_for
 from rayfl.runtime import checkpoint
 
@@ -95,14 +98,14 @@ def _follow(server, quiet: bool, max_rounds: int | None, on_round) -> dict:
     import ray
 
     ref = server.run.remote(max_rounds)
-    seen, stopping = 0, False
+    seen, stopping, eta = 0, False, Eta()
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
         rows = ray.get(server.progress.remote(seen))
         seen += len(rows)
         for info in rows:
             if not quiet:
-                print(progress_line(info), flush=True)
+                print(progress_line(info, eta), flush=True)
             if on_round is not None and not stopping and on_round(info):
                 server.request_stop.remote()
                 stopping = True
@@ -110,18 +113,23 @@ def _follow(server, quiet: bool, max_rounds: int | None, on_round) -> dict:
             return ray.get(ref)
 
 
-def progress_line(info: dict) -> str:
-    """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``."""
+def progress_line(info: dict, eta: Eta | None = None) -> str:
+    """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``.
+
+    ``info["round"]`` is the server's 0-based loop index, printed 1-based. The s/round and the
+    ETA are the mean over the last rounds seen by ``eta`` (this round only without one).
+    """
     t, total = info["round"] + 1, info["rounds"]
     parts = [f"round {t}/{total}"]
     if "train_loss" in info:
         parts.append(f"loss {info['train_loss']:.4f}")
-    if "test_accuracy" in info:
+    if info.get("test_accuracy") is not None:
         parts.append(f"acc {100 * info['test_accuracy']:.2f}%")
     if "round_s" in info:
-        parts.append(f"{info['round_s']:.2f} s/round")
-        eta = info["round_s"] * (total - t)
-        parts.append(f"ETA {_dt.timedelta(seconds=round(eta))}")
+        eta = eta or Eta()
+        eta.add(info["round_s"])
+        parts.append(f"{eta.mean():.2f} s/round")
+        parts.append(f"ETA {hms(eta.left(total - t))}")
     return " | ".join(parts)
 
 
@@ -137,9 +145,15 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     import ray
 
     _ensure_ray(cfg)
+    sigterm_as_interrupt()
+    if not quiet and (line := endpoints_line()):
+        print(line, flush=True)
     server, actors = _start(cfg, handle, run_dir, resume)
     try:
         summary = _follow(server, quiet, max_rounds, on_round)
+    except KeyboardInterrupt:  # Ctrl-C / SIGTERM (rayfl.cli): actors go, the checkpoint stays
+        print(resume_hint(run_dir), file=sys.stderr, flush=True)
+        raise
     finally:
         for a in [server, *actors]:
             ray.kill(a)
@@ -181,6 +195,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
                           "`rayfl resume` to continue it)")
     os.makedirs(run_dir, exist_ok=True)
     config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
+    provenance.record(run_dir, cfg)
     return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
 
 
@@ -191,5 +206,6 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
     cfg = config_mod.load(path)
+    provenance.record(run_dir, cfg)
     return _execute(cfg, _prepare(cfg), run_dir, checkpoint.exists(run_dir), quiet, max_rounds,
                     on_round)

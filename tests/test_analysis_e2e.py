@@ -20,9 +20,9 @@ from tests.conftest import TINY
 
 @pytest.fixture(scope="module")
 def kept(ray_local, tmp_path_factory):
-    """A tiny FedAvg+IMA run keeping rounds 0, 2 and the last three of six."""
+    """A tiny FedAvg+IMA run keeping rounds 1, 3 and the last three of six (rounds count from 1)."""
     tmp = tmp_path_factory.mktemp("kept")
-    rayfl.run(TINY, [f"data.cache_dir={tmp / 'cache'}", "rounds=6", "keep.rounds=[0,2]",
+    rayfl.run(TINY, [f"data.cache_dir={tmp / 'cache'}", "rounds=6", "keep.rounds=[1,3]",
                      "keep.last=3", "ima.window=3", "ima.start=3"],
               run_dir=str(tmp / "run"), quiet=True)
     return RunDir(str(tmp / "run"))
@@ -117,10 +117,10 @@ def test_analyze_commands_write_their_figures(kept, capsys):
                      "--cohort-samples", "50"]) == 0
     assert cli.main(["analyze", "drift", run]) == 0
     out = set(os.listdir(os.path.join(run, "analysis")))
-    assert {"plane-paper.png", "plane-globals.json", "plane-clients-r00002.parquet",
+    assert {"plane-paper.png", "plane-globals.json", "plane-clients-r00003.parquet",
             "interp-custom.png", "decomposition.png", "decomposition.json",
             "decomposition-models.parquet", "drift.png", "drift.json"} <= out
-    assert cli.main(["analyze", "plane", run, "--preset", "clients", "--round", "1"]) == 2
+    assert cli.main(["analyze", "plane", run, "--preset", "clients", "--round", "2"]) == 2
     assert "keep.rounds" in capsys.readouterr().err
 
 
