@@ -7,20 +7,20 @@ Recorded in the user's process (the only one that knows the command line) into
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import platform
 import subprocess
 import sys
-from importlib.metadata import PackageNotFoundError, version
 
 PROVENANCE = "provenance.json"
 
 
-def _version(pkg: str) -> str | None:
+def _module_version(name: str) -> str | None:
     try:
-        return version(pkg)
-    except PackageNotFoundError:
+        return importlib.import_module(name).__version__
+    except ImportError:
         return None
 
 
@@ -56,8 +56,8 @@ def record(run_dir: str, cfg) -> dict:
         "rayfl_version": rayfl.__version__,
         "git_commit": git_commit(os.path.dirname(os.path.abspath(rayfl.__file__))),
         "python": platform.python_version(),
-        "torch": _version("torch"),
-        "ray": _version("ray"),
+        "torch": _module_version("torch"),  # with its build tag (e.g. +cu130)
+        "ray": _module_version("ray"),
         "config_sha256": config_hash(cfg),
         "command_lines": [*old.get("command_lines", []), " ".join(sys.argv)],
     }
