@@ -151,6 +151,7 @@ class LoggersConfig:
     mlflow: bool = field(False, doc="log the config as params and every row as metrics to an "
                                     "MLflow run; needs mlflow (or mlflow-skinny)")
     mlflow_uri: Optional[str] = field(None, doc="MLflow tracking URI (default: the local store "
+                                                "mlruns next to the run directory, i.e. "
                                                 "<output_dir>/mlruns)")
     mlflow_experiment: Optional[str] = field(None, doc="MLflow experiment (default: the run "
                                                        "name)")

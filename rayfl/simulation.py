@@ -189,7 +189,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     """
     cfg = config_mod.load(source, overrides)
     handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
-    run_dir = run_dir or new_run_dir(cfg)
+    run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
     if os.path.exists(os.path.join(run_dir, "config.yaml")):
         raise ConfigError("--run-dir", run_dir, "a new or empty directory (it holds a run; use "
                           "`rayfl resume` to continue it)")
@@ -202,6 +202,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
            on_round=None) -> RunResult:
     """Continue a run from its last checkpoint (from scratch if it never wrote one)."""
+    run_dir = os.path.abspath(run_dir)
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")

@@ -64,7 +64,9 @@ class MLflowLogger:
 
         from rayfl.config import to_dict
 
-        uri = cfg.loggers.mlflow_uri or os.path.abspath(os.path.join(cfg.output_dir, "mlruns"))
+        # default: next to the run directory (<output_dir>/mlruns), resolved from run_dir,
+        # which is absolute, since this actor's cwd need not be the user's
+        uri = cfg.loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
         self.client = MlflowClient(tracking_uri=uri)
         id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
         if os.path.isfile(id_path):

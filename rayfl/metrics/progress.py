@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 from collections import deque
 
 ETA_WINDOW = 10  # rounds the ETA averages over
@@ -61,12 +62,16 @@ def resume_hint(run_dir: str) -> str:
 def sigterm_as_interrupt():
     """Make SIGTERM raise KeyboardInterrupt, so it takes the Ctrl-C path (actors stopped,
     resume hint) instead of Ray's handlers (which exit mid-round with crash dumps). Called
-    after ``ray.init``, which installs those handlers; returns the previous handler (None off
-    the main thread, where signals cannot be handled)."""
+    after ``ray.init``, which installs those handlers; returns the previous handler. Only in
+    the user's process: off the main thread (signals cannot be handled there) and inside Ray
+    tasks (a tuning trial, which Ray itself stops) it does nothing and returns None."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
+        return None
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized() and \
+            sys.modules["ray"].get_runtime_context().get_task_id() is not None:
         return None
 
     def interrupt(signum, frame):
