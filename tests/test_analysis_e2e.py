@@ -59,7 +59,7 @@ def test_plane_points_evaluate_to_the_models_own_loss(kept):
 def test_interpolation_endpoints_are_the_models(kept):
     data = select_data(kept.handle, "clients:0,1", max_samples=20)
     tag, w1, w2 = presets.interpolation(kept, "auto")
-    assert tag == "ima" and w1[0] == "IMA r5"
+    assert tag == "ima" and w1[0] == "IMA r6"  # the last kept round, 1-based
     line = landscape.interpolate(kept.cfg, kept.handle, w1, w2, landscape.betas(-0.5, 1.5, 4),
                                  data)
     s = line.summary()
@@ -113,7 +113,7 @@ def test_analyze_commands_write_their_figures(kept, capsys):
     assert cli.main(["analyze", "plane", run, "--preset", "paper", "--grid", "4"]) == 0
     assert cli.main(["analyze", "interpolate", run, "--models", "global@-1", "final",
                      "--steps", "3"]) == 0
-    assert cli.main(["analyze", "decompose", run, "--rounds", "0,-1", "--subsets", "1",
+    assert cli.main(["analyze", "decompose", run, "--rounds", "1,-1", "--subsets", "1",
                      "--cohort-samples", "50"]) == 0
     assert cli.main(["analyze", "drift", run]) == 0
     out = set(os.listdir(os.path.join(run, "analysis")))
