@@ -1,4 +1,7 @@
-"""Command line: ``rayfl run | resume | keys | algorithms``."""
+"""rayfl: federated learning simulations on Ray.
+
+Commands: run, resume, compare, analyze, tune, keys, data, algorithms (``rayfl COMMAND --help``).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)
 
 def _cmd_run(args) -> int:
     from rayfl.simulation import run
+
+    if args.dry_run:
+        return dry_run(args.config, args.overrides)
 
     result = run(args.config, args.overrides, run_dir=args.run_dir, quiet=args.quiet,
                  max_rounds=args.max_rounds)
@@ -34,9 +40,51 @@ def _cmd_compare(args) -> int:
     from rayfl.compare import compare
 
     entries = [e.strip() for e in args.algorithms.split(",") if e.strip()]
-    out_dir, _ = compare(args.config, entries, args.overrides, args.out, args.quiet)
+    seeds = parse_seeds(args.seeds)
+    if args.dry_run:
+        return dry_run(args.config, args.overrides, entries, seeds)
+    out_dir, _ = compare(args.config, entries, args.overrides, args.out, args.quiet, seeds)
     print(open(f"{out_dir}/comparison.md").read())
     print(out_dir)
+    return 0
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """``0,1,2`` → [0, 1, 2]; a clear error otherwise."""
+    if text is None:
+        return None
+    try:
+        seeds = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("--seeds", text, "comma-separated non-negative integers") from None
+    if not seeds or min(seeds) < 0:
+        raise ConfigError("--seeds", text, "comma-separated non-negative integers")
+    return seeds
+
+
+def dry_run(source, overrides, entries: list[str] | None = None,
+            seeds: list[int] | None = None) -> int:
+    """Validate, print the resolved config and the partition summary; Ray is not started."""
+    import yaml
+
+    from rayfl import config as config_mod
+    from rayfl.data import prepare
+    from rayfl.data.inspect import summary
+    from rayfl.models import build_for
+
+    cfg = config_mod.load(source, overrides)
+    if entries is not None:
+        from rayfl.compare import plan
+
+        _, configs = plan(cfg, entries, None, seeds)
+        print(f"# {len(configs)} runs: " + ", ".join(f"{e} (seed {s})" for e, s in configs))
+    print(yaml.safe_dump(config_mod.to_dict(cfg), sort_keys=False), end="")
+    handle = prepare(cfg.data, cfg.seed)
+    build_for(cfg.model, handle)
+    head, _ = summary(handle, handle.open())
+    print("# partition: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in head.items()))
+    print("dry run: config valid; nothing started")
     return 0
 
 
@@ -79,9 +127,33 @@ def _cmd_keys(args) -> int:
 def _cmd_algorithms(args) -> int:
     from rayfl.algorithms import registry
 
-    for name in registry.names():
-        print(f"{name:12s} {registry.summary(name)}")
+    for name, text in algorithm_lines(registry):
+        print(f"{name:12s} {text}")
     return 0
+
+
+def algorithm_lines(registry) -> list[tuple[str, str]]:
+    """(name, one-line description) per algorithm, plus the ``ima`` wrapper.
+
+    Algorithms sharing a module (FedAdam / FedYogi / FedAdagrad) get their class's own line
+    after the module's first sentence, so no two lines read the same.
+    """
+    from rayfl.algorithms import ima
+
+    out = []
+    by_module: dict[str, int] = {}
+    for name in registry.names():
+        by_module[registry.get(name).__module__] = by_module.get(
+            registry.get(name).__module__, 0) + 1
+    for name in registry.names():
+        cls = registry.get(name)
+        text = registry.summary(name)
+        if by_module[cls.__module__] > 1 and cls.__doc__:
+            text = f"{cls.__name__}, server rule {' '.join(cls.__doc__.split())} From: {text}"
+        out.append((name, text))
+    lead = " ".join(ima.__doc__.strip().split("\n\n")[0].split())
+    out.append(("ima", f"{lead} Enable with `ima: {{...}}` or NAME+ima in `rayfl compare`."))
+    return out
 
 
 def _cmd_data(args) -> int:
@@ -97,9 +169,28 @@ def _cmd_data(args) -> int:
     return 0
 
 
+def version_text() -> str:
+    """``rayfl X.Y.Z (Python …, torch …, ray …)`` for ``rayfl --version``."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from rayfl import __version__
+
+    def v(pkg: str) -> str:
+        try:
+            return version(pkg)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"rayfl {__version__} (Python {platform.python_version()}, torch {v('torch')}, "
+            f"ray {v('ray')})")
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``rayfl`` argument parser."""
-    p = argparse.ArgumentParser(prog="rayfl", description=__doc__)
+    p = argparse.ArgumentParser(prog="rayfl", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run one experiment from a YAML config")
     r.add_argument("config", help="YAML config file")
@@ -107,6 +198,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--run-dir", help="run directory (default: <output_dir>/<name>-<time>)")
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--max-rounds", type=int, help="pause after this many rounds (resumable)")
+    r.add_argument("--dry-run", action="store_true", help="validate, print the resolved config "
+                                                          "and the partition; start nothing")
     r.set_defaults(fn=_cmd_run)
     s = sub.add_parser("resume", help="continue a run from its last checkpoint")
     s.add_argument("run_dir")
@@ -119,6 +212,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--algorithms", required=True,
                    help="comma-separated names, NAME+ima for IMA (e.g. fedavg,scaffold,fedavg+ima)")
     c.add_argument("--out", help="comparison directory")
+    c.add_argument("--seeds", help="run every algorithm on each of these seeds (e.g. 0,1,2) and "
+                                   "report mean ± std")
+    c.add_argument("--dry-run", action="store_true", help="validate every run, print the "
+                                                          "resolved config and the partition; "
+                                                          "start nothing")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=_cmd_compare)
     from rayfl.analysis.commands import add_subcommands
@@ -161,6 +259,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(stray)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    from rayfl.metrics.progress import sigterm_as_interrupt
+
+    previous = sigterm_as_interrupt()
     try:
         return args.fn(args)
     except ConfigError as e:
@@ -169,6 +270,29 @@ def main(argv: list[str] | None = None) -> int:
     except RunStopped as e:
         print(f"rayfl: run stopped: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # the run printed how to continue; no traceback
+        _quiet_shutdown()
+        return 130
+    finally:
+        _restore_sigterm(previous)
+
+
+def _quiet_shutdown() -> None:
+    """Disconnect from Ray now, while the interrupted command's actor handles are gone, rather
+    than at interpreter exit (where the handles outlive Ray and it logs RPC errors)."""
+    import gc
+
+    ray = sys.modules.get("ray")
+    gc.collect()
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

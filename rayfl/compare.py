@@ -8,19 +8,27 @@ runs plain SGD at the same effective step size, its inertial step replacing loca
 ``aggregation.weighting`` stays the base's; at ``auto`` (the default) every algorithm gets its
 paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto`` for the algorithms
 that do not define it.
-Writes ``comparison.md`` / ``comparison.parquet`` (final and last-k accuracy, rounds to target,
-wall time) and ``accuracy.png`` into the comparison directory.
+With ``seeds`` (``--seeds 0,1,2``) every entry runs once per seed (``<entry>/seed-<s>/``) and
+the table reports mean ± std over seeds. Writes ``comparison.md`` / ``comparison.parquet`` (per
+entry: final accuracy, mean of the last ``eval.last_k`` evaluations, rounds to target, wall
+time), ``comparison-runs.parquet`` (per run) and ``accuracy.png`` (one line per entry; with
+several seeds the mean and a ±1 std band) into the comparison directory.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import os
+import time
+
+import numpy as np
 
 from rayfl import config as config_mod
 from rayfl import registry
+from rayfl.config import Config
 from rayfl.metrics.log import write_json, write_parquet
-from rayfl.metrics.plots import plot_accuracy
+from rayfl.metrics.plots import plot_accuracy, plot_accuracy_bands
+from rayfl.metrics.progress import Eta, hms
 from rayfl.schema import ConfigError
 
 
@@ -46,47 +54,116 @@ def variant(base: dict, entry: str) -> dict:
     return raw
 
 
+def plan(source, entries: list[str], overrides: list[str] | None = None,
+         seeds: list[int] | None = None) -> tuple[dict, dict[tuple[str, int], Config]]:
+    """(base config dict, {(entry, seed): config}) — every variant validated before any runs."""
+    base = config_mod.to_dict(config_mod.load(source, overrides))
+    seeds = seeds or [base["seed"]]
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError("--seeds", ",".join(map(str, seeds)), "distinct seeds")
+    if len(set(entries)) != len(entries) or not entries:
+        raise ConfigError("--algorithms", ",".join(entries), "distinct, non-empty entries")
+    return base, {(e, seed): config_mod.from_dict({**variant(base, e), "seed": seed})
+                  for e in entries for seed in seeds}
+
+
 def compare(source, entries: list[str], overrides: list[str] | None = None,
-            out_dir: str | None = None, quiet: bool = False) -> tuple[str, list[dict]]:
-    """Run every entry; returns (comparison directory, table rows)."""
+            out_dir: str | None = None, quiet: bool = False,
+            seeds: list[int] | None = None) -> tuple[str, list[dict]]:
+    """Run every entry on every seed; returns (comparison directory, one table row per entry,
+    with the mean and the std over seeds)."""
     from rayfl.simulation import run
 
-    base = config_mod.to_dict(config_mod.load(source, overrides))
-    configs = {e: config_mod.from_dict(variant(base, e)) for e in entries}  # validate all first
+    base, configs = plan(source, entries, overrides, seeds)
+    seeds = sorted({seed for _, seed in configs}, key=[s for _, s in configs].index)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join(base["output_dir"], f"compare-{base['name']}-{stamp}")
     os.makedirs(out_dir, exist_ok=True)
-    rows, curves = [], {}
-    for entry, cfg in configs.items():
+    runs, curves, eta = [], {}, Eta()
+    for i, ((entry, seed), cfg) in enumerate(configs.items()):
         if not quiet:
-            print(f"== {entry}", flush=True)
-        result = run(cfg, run_dir=os.path.join(out_dir, entry), quiet=quiet)
+            left = eta.left(len(configs) - i)
+            print(f"== [{i + 1}/{len(configs)}] {entry} seed {seed}"
+                  + ("" if left is None else f" | comparison ETA {hms(left)}"), flush=True)
+        sub = entry if len(seeds) == 1 else os.path.join(entry, f"seed-{seed}")
+        tick = time.perf_counter()
+        result = run(cfg, run_dir=os.path.join(out_dir, sub), quiet=quiet)
+        eta.add(time.perf_counter() - tick)
         s = result.summary
-        last_k = next(v for k, v in s.items() if k.startswith("mean_last_"))
-        rows.append({"algorithm": entry, "final_accuracy": s["final_accuracy"],
-                     "mean_last_k_accuracy": last_k, "rounds_to_target": s["rounds_to_target"],
-                     "wall_time_s": s["wall_time_s"], "model_sha256": s["model_sha256"]})
-        curves[entry] = result.metrics.to_pylist()
+        runs.append({"algorithm": entry, "seed": seed, "final_accuracy": s["final_accuracy"],
+                     "mean_last_k_evals_accuracy": _last_k(s),
+                     "rounds_to_target": s["rounds_to_target"], "wall_time_s": s["wall_time_s"],
+                     "model_sha256": s["model_sha256"], "run_dir": result.run_dir})
+        curves.setdefault(entry, []).append(result.metrics.to_pylist())
+    rows = [aggregate(entry, [r for r in runs if r["algorithm"] == entry]) for entry in entries]
     write_parquet(rows, os.path.join(out_dir, "comparison.parquet"))
-    write_json({"entries": entries, "rows": rows}, os.path.join(out_dir, "comparison.json"))
+    write_parquet(runs, os.path.join(out_dir, "comparison-runs.parquet"))
+    write_json({"entries": entries, "seeds": seeds, "rows": rows, "runs": runs},
+               os.path.join(out_dir, "comparison.json"))
     with open(os.path.join(out_dir, "comparison.md"), "w") as f:
         f.write(markdown_table(rows, base))
-    plot_accuracy(curves, os.path.join(out_dir, "accuracy.png"),
-                  title=f"{base['data']['dataset']}: test accuracy")
+    title = f"{base['name']}: test accuracy on {base['data']['dataset']}"
+    path = os.path.join(out_dir, "accuracy.png")
+    if len(seeds) > 1:
+        plot_accuracy_bands(curves, path, title=f"{title}, seeds {','.join(map(str, seeds))}")
+    else:
+        plot_accuracy({e: c[0] for e, c in curves.items()}, path, title=title)
     return out_dir, rows
 
 
-def _pct(v) -> str:
-    return "—" if v is None else f"{100 * v:.2f}"
+def _last_k(summary: dict):
+    return next(v for k, v in summary.items() if k.startswith("mean_last_"))
+
+
+def _mean_std(values: list) -> tuple[float | None, float | None]:
+    got = [v for v in values if v is not None]
+    if not got:
+        return None, None
+    return float(np.mean(got)), float(np.std(got))
+
+
+def aggregate(entry: str, runs: list[dict]) -> dict:
+    """One entry's row: mean and (population) std over its seeds of each headline number;
+    ``rounds_to_target`` averages the seeds that reached it (``reached`` counts them)."""
+    row = {"algorithm": entry, "seeds": len(runs)}
+    for key in ("final_accuracy", "mean_last_k_evals_accuracy", "rounds_to_target",
+                "wall_time_s"):
+        row[key], row[f"{key}_std"] = _mean_std([r[key] for r in runs])
+    row["reached"] = sum(r["rounds_to_target"] is not None for r in runs)
+    if len(runs) == 1:
+        row["model_sha256"] = runs[0]["model_sha256"]
+    return row
+
+
+def _pct(v, std=None) -> str:
+    if v is None:
+        return "—"
+    return f"{100 * v:.2f}" + ("" if std is None else f" ± {100 * std:.2f}")
 
 
 def markdown_table(rows: list[dict], base: dict) -> str:
-    """The comparison as a Markdown table."""
+    """The comparison as a Markdown table (mean ± std over seeds when there are several)."""
     k = base["eval"]["last_k"]
     target = base["eval"]["target_accuracy"]
-    head = (f"| algorithm | final acc (%) | mean last-{k} acc (%) | rounds to "
-            f"{_pct(target) + '%' if target else 'target'} | wall (s) |\n|---|---|---|---|---|\n")
+    many = any(r["seeds"] > 1 for r in rows)
+
+    def sd(r, key):
+        return r[f"{key}_std"] if many else None
+
+    def rounds(r):
+        if r["rounds_to_target"] is None:
+            return "—"
+        if not many:
+            return f"{r['rounds_to_target']:.0f}"
+        return (f"{r['rounds_to_target']:.1f} ± {r['rounds_to_target_std']:.1f} "
+                f"({r['reached']}/{r['seeds']})")
+
+    seeds = f" — mean ± std over {rows[0]['seeds']} seeds" if many else ""
+    head = (f"| algorithm | final acc (%) | mean of last {k} evals (%) | rounds to "
+            f"{_pct(target) + '%' if target else 'target'} | wall (s) |{seeds}\n"
+            f"|---|---|---|---|---|\n")
     body = "".join(
-        f"| {r['algorithm']} | {_pct(r['final_accuracy'])} | {_pct(r['mean_last_k_accuracy'])} "
-        f"| {r['rounds_to_target'] or '—'} | {r['wall_time_s']:.0f} |\n" for r in rows)
+        f"| {r['algorithm']} | {_pct(r['final_accuracy'], sd(r, 'final_accuracy'))} "
+        f"| {_pct(r['mean_last_k_evals_accuracy'], sd(r, 'mean_last_k_evals_accuracy'))} "
+        f"| {rounds(r)} | {r['wall_time_s']:.0f} |\n" for r in rows)
     return head + body

@@ -278,10 +278,34 @@ class CheckpointConfig:
 class KeepConfig:
     """Models kept on disk for later analysis (``rayfl analyze``); nothing is held in memory."""
 
-    rounds: list[int] = field(factory=list, doc="rounds (0-based) whose start model, sampled "
-                                                "clients' final local models and new global "
-                                                "model are saved under models/round-NNNNN/")
+    rounds: list[int] = field(factory=list, doc="rounds (1-based, as in metrics.parquet) whose "
+                                                "start model, sampled clients' final local "
+                                                "models and new global model are saved under "
+                                                "models/round-NNNNN/")
     last: int = field(0, doc="also keep the last this many rounds", lo=0)
+
+
+@dataclass(frozen=True)
+class LoggersConfig:
+    """Experiment trackers that receive every metrics row (``pip install 'rayfl[tracking]'``)."""
+
+    tensorboard: bool = field(False, doc="write TensorBoard event files to <run_dir>/tensorboard "
+                                         "(tensorboard --logdir RUN_DIR); needs tensorboardX")
+    mlflow: bool = field(False, doc="log the config as params and every row as metrics to an "
+                                    "MLflow run; needs mlflow (or mlflow-skinny)")
+    mlflow_uri: Optional[str] = field(None, doc="MLflow tracking URI (default: the local store "
+                                                "mlruns next to the run directory, i.e. "
+                                                "<output_dir>/mlruns)")
+    mlflow_experiment: Optional[str] = field(None, doc="MLflow experiment (default: the run "
+                                                       "name)")
+
+    def check(self, prefix: str) -> None:
+        import importlib.util
+
+        for key, module in (("tensorboard", "tensorboardX"), ("mlflow", "mlflow")):
+            if getattr(self, key) and importlib.util.find_spec(module) is None:
+                raise ConfigError(f"{prefix}.{key}", True, f"the {module} package installed "
+                                                          f"(pip install 'rayfl[tracking]')")
 
 
 @dataclass(frozen=True)
@@ -315,6 +339,7 @@ class Config:
     eval: EvalConfig = field(factory=EvalConfig)
     checkpoint: CheckpointConfig = field(factory=CheckpointConfig)
     keep: KeepConfig = field(factory=KeepConfig)
+    loggers: LoggersConfig = field(factory=LoggersConfig)
 
     def check(self, prefix: str) -> None:
         if not NAME_PATTERN.fullmatch(self.name):
@@ -334,9 +359,10 @@ class Config:
         if self.clients_per_round > trainable:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"at most data.num_clients - data.validation_clients = {trainable}")
-        bad = [r for r in self.keep.rounds if not 0 <= r < self.rounds]
+        bad = [r for r in self.keep.rounds if not 1 <= r <= self.rounds]
         if bad:
-            raise ConfigError("keep.rounds", bad[0], f"a round in [0, {self.rounds - 1}]")
+            raise ConfigError("keep.rounds", bad[0], f"a round in [1, {self.rounds}] (rounds "
+                                                     f"count from 1)")
         if self.runtime.num_actors > self.runtime.logical_shards:
             raise ConfigError("runtime.num_actors", self.runtime.num_actors,
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")

@@ -5,10 +5,8 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +18,10 @@ from rayfl import config as config_mod
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
+from rayfl.metrics import provenance
 from rayfl.metrics.log import write_json
+from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
+                                    sigterm_as_interrupt)
 from rayfl.models import build_for
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
@@ -97,7 +98,7 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
     from rayfl.runtime.executors import ActorsLost
 
     ref = server.run.remote(max_rounds)
-    seen, stopping, started = 0, False, False
+    seen, stopping, started, eta = 0, False, False, Eta()
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
         try:
@@ -119,7 +120,7 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
         seen += len(rows)
         for info in rows:
             if not quiet:
-                print(progress_line(info), flush=True)
+                print(progress_line(info, eta), flush=True)
             if on_round is not None and not stopping and on_round(info):
                 server.request_stop.remote()
                 stopping = True
@@ -127,18 +128,23 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
             return summary
 
 
-def progress_line(info: dict) -> str:
-    """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``."""
+def progress_line(info: dict, eta: Eta | None = None) -> str:
+    """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``.
+
+    ``info["round"]`` is the server's 0-based loop index, printed 1-based. The s/round and the
+    ETA are the mean over the last rounds seen by ``eta`` (this round only without one).
+    """
     t, total = info["round"] + 1, info["rounds"]
     parts = [f"round {t}/{total}"]
     if "train_loss" in info:
         parts.append(f"loss {info['train_loss']:.4f}")
-    if "test_accuracy" in info:
+    if info.get("test_accuracy") is not None:
         parts.append(f"acc {100 * info['test_accuracy']:.2f}%")
     if "round_s" in info:
-        parts.append(f"{info['round_s']:.2f} s/round")
-        eta = info["round_s"] * (total - t)
-        parts.append(f"ETA {_dt.timedelta(seconds=round(eta))}")
+        eta = eta or Eta()
+        eta.add(info["round_s"])
+        parts.append(f"{eta.mean():.2f} s/round")
+        parts.append(f"ETA {hms(eta.left(total - t))}")
     return " | ".join(parts)
 
 
@@ -158,12 +164,18 @@ def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     """The whole run in this process (``runtime.executor: inprocess``): no Ray at all."""
     from rayfl.runtime.server import Server
 
+    eta = Eta()
+
     def show(info: dict) -> bool:
         if not quiet:
-            print(progress_line(info), flush=True)
+            print(progress_line(info, eta), flush=True)
         return bool(on_round is not None and on_round(info))
 
-    return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+    try:
+        return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+    except KeyboardInterrupt:  # the last checkpoint stays
+        print(resume_hint(run_dir), file=sys.stderr, flush=True)
+        raise
 
 
 def _check_max_rounds(max_rounds: int | None) -> None:
@@ -179,10 +191,16 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     else:
         import ray
 
+        sigterm_as_interrupt()
+        if not quiet and (line := endpoints_line()):
+            print(line, flush=True)
         server, actors = _start(cfg, handle, run_dir, resume)
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
                               on_round)
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM (rayfl.cli): actors go, the checkpoint stays
+            print(resume_hint(run_dir), file=sys.stderr, flush=True)
+            raise
         finally:
             for a in [server, *actors]:
                 ray.kill(a)
@@ -220,7 +238,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     cfg = config_mod.load(source, overrides)
     _check_max_rounds(max_rounds)
     _check_local_ray(cfg)
-    run_dir = run_dir or new_run_dir(cfg)
+    run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
     handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
@@ -231,6 +249,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     try:
         config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
         rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))
+        provenance.record(run_dir, cfg)
         return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
     finally:
         lock.release()
@@ -242,6 +261,7 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
 
     Refused while another process writes the run, and when ``config.yaml`` was edited in a key
     that can change results (see :mod:`rayfl.rundir`)."""
+    run_dir = os.path.abspath(run_dir)
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
@@ -258,6 +278,7 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     try:
         handle = _prepare(cfg)
         _ensure_ray(cfg)
+        provenance.record(run_dir, cfg)
         return _execute(cfg, handle, run_dir, has_checkpoint, quiet, max_rounds, on_round)
     finally:
         lock.release()

@@ -20,9 +20,9 @@ from tests.conftest import TINY
 
 @pytest.fixture(scope="module")
 def kept(ray_local, tmp_path_factory):
-    """A tiny FedAvg+IMA run keeping rounds 0, 2 and the last three of six."""
+    """A tiny FedAvg+IMA run keeping rounds 1, 3 and the last three of six (rounds count from 1)."""
     tmp = tmp_path_factory.mktemp("kept")
-    rayfl.run(TINY, [f"data.cache_dir={tmp / 'cache'}", "rounds=6", "keep.rounds=[0,2]",
+    rayfl.run(TINY, [f"data.cache_dir={tmp / 'cache'}", "rounds=6", "keep.rounds=[1,3]",
                      "keep.last=3", "ima.window=3", "ima.start=3"],
               run_dir=str(tmp / "run"), quiet=True)
     return RunDir(str(tmp / "run"))
@@ -59,7 +59,7 @@ def test_plane_points_evaluate_to_the_models_own_loss(kept):
 def test_interpolation_endpoints_are_the_models(kept):
     data = select_data(kept.handle, "clients:0,1", max_samples=20)
     tag, w1, w2 = presets.interpolation(kept, "auto")
-    assert tag == "ima" and w1[0] == "IMA r5"
+    assert tag == "ima" and w1[0] == "IMA r6"  # the last kept round, 1-based
     line = landscape.interpolate(kept.cfg, kept.handle, w1, w2, landscape.betas(-0.5, 1.5, 4),
                                  data)
     s = line.summary()
@@ -113,14 +113,14 @@ def test_analyze_commands_write_their_figures(kept, capsys):
     assert cli.main(["analyze", "plane", run, "--preset", "paper", "--grid", "4"]) == 0
     assert cli.main(["analyze", "interpolate", run, "--models", "global@-1", "final",
                      "--steps", "3"]) == 0
-    assert cli.main(["analyze", "decompose", run, "--rounds", "0,-1", "--subsets", "1",
+    assert cli.main(["analyze", "decompose", run, "--rounds", "1,-1", "--subsets", "1",
                      "--cohort-samples", "50"]) == 0
     assert cli.main(["analyze", "drift", run]) == 0
     out = set(os.listdir(os.path.join(run, "analysis")))
-    assert {"plane-paper.png", "plane-globals.json", "plane-clients-r00002.parquet",
+    assert {"plane-paper.png", "plane-globals.json", "plane-clients-r00003.parquet",
             "interp-custom.png", "decomposition.png", "decomposition.json",
             "decomposition-models.parquet", "drift.png", "drift.json"} <= out
-    assert cli.main(["analyze", "plane", run, "--preset", "clients", "--round", "1"]) == 2
+    assert cli.main(["analyze", "plane", run, "--preset", "clients", "--round", "2"]) == 2
     assert "keep.rounds" in capsys.readouterr().err
 
 

@@ -23,7 +23,7 @@ def test_run_directory_holds_everything(ray_local, tiny):
     assert {"config.yaml", "metrics.parquet", "summary.json", "final_model.npy",
             "accuracy.png", "checkpoints"} <= names
     table = pq.read_table(os.path.join(result.run_dir, "metrics.parquet")).to_pylist()
-    assert [r["round"] for r in table] == [0, 1, 2]
+    assert [r["round"] for r in table] == [1, 2, 3]  # rounds count from 1
     assert [r["test_accuracy"] is not None for r in table] == [False, True, True]
     assert all(r["sampled"] == 5 and r["completed"] == 5 for r in table)
     for phase in ("plan_s", "train_s", "aggregate_s", "round_s"):
@@ -95,7 +95,7 @@ def test_resume_after_sigkill_gives_same_bytes(tmp_path):
     s_res = json.load(open(killed_dir / "summary.json"))
     assert s_res["model_sha256"] == s_full["model_sha256"]
     assert pq.read_table(killed_dir / "metrics.parquet").column("round").to_pylist() == list(
-        range(rounds))
+        range(1, rounds + 1))
 
 
 def test_compare_runs_each_algorithm_on_the_same_setting(ray_local, tiny):

@@ -56,4 +56,4 @@ def test_state_survives_spill_and_resume(ray_local, tiny, tmp_path, algo):
     assert paused.summary["status"] == "paused" and paused.metrics.num_rows == 3
     resumed = rayfl.resume(str(tmp_path / "paused"), quiet=True)
     assert resumed.summary["model_sha256"] == plain.summary["model_sha256"]
-    assert resumed.metrics.column("round").to_pylist() == list(range(6))
+    assert resumed.metrics.column("round").to_pylist() == list(range(1, 7))

@@ -10,7 +10,7 @@ import shutil
 
 import rayfl
 from tests.conftest import TINY, s3_keys
-from tests.test_data_cluster import RAY_ARGS, own_ray  # noqa: F401  (fixture)
+from tests.test_data_cluster import RAY_ARGS, own_ray  # noqa: F401,F811  (fixture)
 
 SCAFFOLD = ["algorithm.name=scaffold", "rounds=5", "clients_per_round=6"]  # per-client state
 

@@ -96,6 +96,10 @@ def test_small_study_prunes_resumes_and_yields_a_runnable_best_config(ray_local,
 
     table = pq.read_table(os.path.join(setup.dir, "trials.parquet")).to_pylist()
     assert len(table) == len(trials)
+    for row in table:  # a pruned trial's last report is no objective value: it cannot rank
+        assert (row["value"] is None) == (row["state"] != "COMPLETE"), row
+        if row["state"] == "PRUNED":
+            assert row["last_reported_value"] is not None
     assert summary["objective"]["metric"] == "val_accuracy"
     assert summary["best"]["test_accuracy"] is not None  # reported apart from the objective
     assert summary["trials"]["COMPLETE"] == 2 and summary["trials"]["PRUNED"] == 1

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
 
+from rayfl.metrics.progress import Eta, hms
 from rayfl.schema import ConfigError
 
 
@@ -13,6 +15,40 @@ def _fmt(v) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
     return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class StudyProgress:
+    """Prints :func:`print_event`'s lines, each trial's end followed by the study's counts:
+    ``[7/20 finished: 5 complete, 2 pruned | 2 running | ETA 0:03:10]``; the ETA is the mean
+    time between recent trial ends times the trials still to finish."""
+
+    def __init__(self):
+        self.total = self.before = self.started = 0
+        self.states: dict[str, int] = {}
+        self.eta, self.last = Eta(), time.perf_counter()
+
+    def __call__(self, kind: str, info: dict) -> None:
+        print_event(kind, info)
+        if kind == "begin":
+            self.total, self.before = info["trials"], info["finished"]
+            self.last = time.perf_counter()
+        elif kind == "start":
+            self.started += 1
+        elif kind == "end":
+            self.states[info["state"]] = self.states.get(info["state"], 0) + 1
+            now = time.perf_counter()
+            self.eta.add(now - self.last)
+            self.last = now
+            print(self.counts_line(), flush=True)
+
+    def counts_line(self) -> str:
+        ended = sum(self.states.values())
+        done = self.before + ended
+        states = ", ".join(f"{n} {state.lower()}" for state, n in sorted(self.states.items()))
+        left = self.eta.left(self.total - done)
+        return (f"[{done}/{self.total} finished this study ({states} now) | "
+                f"{self.started - ended} running"
+                + ("" if left is None or done >= self.total else f" | ETA {hms(left)}") + "]")
 
 
 def print_event(kind: str, info: dict) -> None:
@@ -64,7 +100,7 @@ def run(study: str, overrides: list[str], quiet: bool = False) -> int:
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     try:
-        summary = run_study(setup, None if quiet else print_event)
+        summary = run_study(setup, None if quiet else StudyProgress())
     except KeyboardInterrupt:
         print(f"interrupted: run the same command to continue study {setup.name}",
               file=sys.stderr)

@@ -35,9 +35,13 @@ and the pruner may stop it; a diverged trial (NaN/inf) ends as pruned with its `
   continue: finished trials stay, interrupted ones re-run with the same parameters (`retry_of`).
   `<dir>/setup.yaml` records what the study was started with; a continuation must match it
   (`trials` and `parallel` may change).
-- **Outputs** in `dir`: `best.yaml` (runs with `rayfl run`), `trials.parquet`, `summary.json`,
+- **Outputs** in `dir`: `best.yaml` (runs with `rayfl run`), `trials.parquet` (a row per
+  trial; `value` only for complete trials, a pruned trial's last report in
+  `last_reported_value`, `rounds_run` 1-based like the Optuna steps), `summary.json`,
   `history.png`, `importances.png`, `contour.png` (objective over the two most important
-  parameters), and one run directory per trial under `trials/`.
+  parameters; axes name the objective, e.g. `val_accuracy (mean_last_k)`), and one run
+  directory per trial under `trials/`. The terminal prints each trial's start and end and, after
+  every end, the trials finished (complete / pruned / failed), running, and an ETA.
 
 """
 

@@ -152,7 +152,7 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
         return _finish(study, trial, TrialState.FAIL, reason=lv.error)
     ended = lv.run.done()
     for row in lv.run.new_evals():
-        n, m = row["round"] + 1, row.get(obj.metric)
+        n, m = row["round"], row.get(obj.metric)  # rounds count from 1 in metrics.parquet
         if m is None:  # every trial would miss it: stop the study (the handler re-queues)
             logged = ", ".join(k for k, v in row.items() if v is not None)
             raise ConfigError("objective.metric", obj.metric,
@@ -182,7 +182,7 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
         lv.run.release()
     if summary.get("diverged_at_round") is not None:
         return _finish(study, trial, TrialState.PRUNED,
-                       reason=f"diverged in round {summary['diverged_at_round'] + 1} "
+                       reason=f"diverged in round {summary['diverged_at_round']} "
                               f"({summary.get('diverged_reason', 'NaN/inf')})")
     if not lv.evals:
         return _finish(study, trial, TrialState.FAIL, reason="no evaluation logged")

@@ -33,14 +33,19 @@ def write(setup: StudySetup, study: optuna.Study, wall_s: float) -> dict:
                "wall_time_s": wall_s, "best": None, "plots": {}}
     if any(t.state == TrialState.COMPLETE for t in trials):
         summary["best"] = _write_best(setup, study.best_trial)
-        summary["plots"] = plots(study, setup.dir)
+        summary["plots"] = plots(study, setup.dir, f"{obj.metric} ({obj.reduce})")
     write_json(summary, os.path.join(setup.dir, "summary.json"))
     return summary
 
 
 def _row(t: FrozenTrial) -> dict:
     attrs = t.user_attrs
-    return {"number": t.number, "state": t.state.name, "value": t.value,
+    # only a complete trial has an objective value; a pruned one's last report stands apart,
+    # so sorting ``value`` never ranks a pruned trial above the best complete one
+    last = t.intermediate_values[t.last_step] if t.last_step is not None else None
+    return {"number": t.number, "state": t.state.name,
+            "value": t.value if t.state == TrialState.COMPLETE else None,
+            "last_reported_value": last,
             "rounds_run": t.last_step, "duration_s": t.duration.total_seconds()
             if t.duration else None,
             "started": t.datetime_start.isoformat() if t.datetime_start else None,
@@ -71,8 +76,9 @@ def _write_best(setup: StudySetup, best: FrozenTrial) -> dict:
     return {**out, "run_dir": best.user_attrs.get("run_dir"), "config": path}
 
 
-def plots(study: optuna.Study, out_dir: str) -> dict[str, str]:
-    """Plot name → file; importances need two complete trials, the contour two parameters."""
+def plots(study: optuna.Study, out_dir: str, target: str = "objective") -> dict[str, str]:
+    """Plot name → file; importances need two complete trials, the contour two parameters.
+    ``target`` names the objective on the axes (Optuna's default is "Objective Value")."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,10 +95,13 @@ def plots(study: optuna.Study, out_dir: str) -> dict[str, str]:
     complete = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the matplotlib backend is marked experimental
-        out["history"] = save(vis.plot_optimization_history(study), "history.png")
+        out["history"] = save(vis.plot_optimization_history(study, target_name=target),
+                              "history.png")
         ranked = list(optuna.importance.get_param_importances(study)) if complete >= 2 else []
         if ranked:
-            out["importances"] = save(vis.plot_param_importances(study), "importances.png")
+            out["importances"] = save(vis.plot_param_importances(study, target_name=target),
+                                      "importances.png")
         if len(ranked) >= 2:
-            out["contour"] = save(vis.plot_contour(study, params=ranked[:2]), "contour.png")
+            out["contour"] = save(vis.plot_contour(study, params=ranked[:2], target_name=target),
+                                  "contour.png")
     return out

@@ -166,8 +166,8 @@ def build(raw: dict, study_path: str | None = None) -> StudySetup:
     params = space_mod.resolve(spec.presets, spec.space, base)
     enqueued = [space_mod.internal_params(params, entry, f"enqueue[{i}]")
                 for i, entry in enumerate(spec.enqueue)]
-    return StudySetup(spec, name, spec.dir or os.path.join("studies", name), base_raw, base,
-                      params, enqueued)
+    study_dir = os.path.abspath(spec.dir or os.path.join("studies", name))  # trials run elsewhere
+    return StudySetup(spec, name, study_dir, base_raw, base, params, enqueued)
 
 
 def load(path: str, overrides: list[str] | None = None) -> StudySetup:

@@ -44,8 +44,8 @@ from typing import Literal
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, LocalRule, ServerParams,
-                                   State, Vec)
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
+                                   ServerParams, State, Vec)
 from rayfl.algorithms.checks import reject_adam, reject_ima
 from rayfl.schema import ConfigError
 

@@ -1,7 +1,8 @@
 """``rayfl analyze interpolate | plane | decompose | drift | regimes``: arguments and outputs.
 
 Each command but ``regimes`` reads a run directory and writes PNG figures, Parquet tables and
-a JSON summary into ``<run_dir>/analysis/`` (or ``--out``), and prints the summary; ``regimes``
+a strict JSON summary into ``<run_dir>/analysis/`` (or ``--out``), says on stderr what it wrote,
+and prints the summary as readable ``key: value`` lines (numbers rounded); ``regimes``
 runs a config under each data regime and writes the comparison into its experiment directory.
 Heavy imports happen inside the commands, so building the ``rayfl`` parser stays cheap.
 """
@@ -86,8 +87,10 @@ def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -
     from rayfl.metrics.log import write_json, write_parquet
 
     write_json(summary, os.path.join(out, f"{stem}.json"))
+    _say(f"wrote {os.path.join(out, stem)}.json")
     if rows:
         write_parquet(rows, os.path.join(out, f"{stem}.parquet"))
+        _say(f"wrote {os.path.join(out, stem)}.parquet ({len(rows)} rows)")
 
 
 def _setup(args):
@@ -137,8 +140,8 @@ def _plane(args) -> dict:
         tag = args.preset
         specs = presets.planes(run, args.preset, args.round, _ids(args.clients, "--clients"))
     results = []
-    for name, models, own in specs:
-        _say(f"plane {name}: {args.grid}×{args.grid} grid, the models, their average and "
+    for i, (name, models, own) in enumerate(specs):
+        _say(f"[{i + 1}/{len(specs)}] plane {name}: {args.grid}×{args.grid} grid, the models, their average and "
              f"{len(own) + len(marks)} mark(s) on the {data.label}")
         results.append(landscape.plane(run.cfg, run.handle, name, models, [*own, *marks], data,
                                        args.grid, args.margin, bs))
@@ -154,8 +157,8 @@ def _decompose(args) -> dict:
     rounds = [run.round_of(t, "--rounds") for t in _ids(args.rounds, "--rounds") or []] \
         or run.need_rounds(1, "`rayfl analyze decompose`")
     rows, curves = [], []
-    for t in rounds:
-        _say(f"decompose round {t}")
+    for i, t in enumerate(rounds):
+        _say(f"[{i + 1}/{len(rounds)}] decompose round {t}")
         row, curve = decomposition.decompose_round(run, t, data, args.cohort_samples,
                                                    args.subsets, bs)
         rows.append(row)
@@ -205,7 +208,39 @@ COMMANDS = {"interpolate": _interpolate, "plane": _plane, "decompose": _decompos
             "drift": _drift, "regimes": _regimes}
 
 
+def readable(obj, indent: int = 0) -> list[str]:
+    """A summary as indented ``key: value`` lines, floats to 4 significant digits; a list of
+    records becomes one line per record."""
+    pad = "  " * indent
+    if isinstance(obj, dict):
+        lines = []
+        for key, value in obj.items():
+            if isinstance(value, (dict, list)) and value:
+                lines += [f"{pad}{key}:", *readable(value, indent + 1)]
+            else:
+                lines.append(f"{pad}{key}: {_value(value)}")
+        return lines
+    if isinstance(obj, list):
+        if all(isinstance(v, dict) for v in obj):
+            return [pad + ", ".join(f"{k} {_value(v)}" for k, v in r.items()) for r in obj]
+        return [pad + ", ".join(_value(v) for v in obj)]
+    return [pad + _value(obj)]
+
+
+def _value(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, dict)):
+        return json.dumps(v)
+    return str(v)
+
+
 def run_command(args) -> int:
-    """Run ``rayfl analyze <args.analysis>`` and print its summary as JSON."""
-    print(json.dumps(COMMANDS[args.analysis](args), indent=1))
+    """Run ``rayfl analyze <args.analysis>`` and print its summary (readable lines; the same
+    numbers are in the command's strict JSON file)."""
+    from rayfl.metrics.log import strict
+
+    print("\n".join(readable(strict(COMMANDS[args.analysis](args)))))
     return 0

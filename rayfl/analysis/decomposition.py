@@ -66,11 +66,12 @@ def bias_terms(probs: np.ndarray, y: np.ndarray, owner: np.ndarray,
 
 
 def cohort_rows(run, t: int, ids: list[int]) -> dict[int, np.ndarray]:
-    """Row indices each client trained on in round ``t`` (regime re-splits included)."""
+    """Row indices each client trained on in round ``t`` (1-based; regime re-splits
+    included)."""
     reader = run.handle.open()
     data = run.cfg.data
     if data.regime in RESPLIT:
-        return regime_rows(reader, data.regime, ids, t, run.cfg.seed)
+        return regime_rows(reader, data.regime, ids, t - 1, run.cfg.seed)  # loop index t - 1
     return {i: np.arange(reader.offsets[i], reader.offsets[i + 1]) for i in ids}
 
 

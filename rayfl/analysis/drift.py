@@ -64,11 +64,11 @@ def run_regimes(configs: dict, out_dir: str | None = None,
 
 
 def regime_table(curves: dict, last_k: int, label_key: str = "label_tv") -> list[dict]:
-    """Per regime: final and mean last-k accuracy and the mean drift measures."""
+    """Per regime: final accuracy, mean of the last k evaluations, mean drift measures."""
     out = []
     for regime, rows in curves.items():
         accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
         out.append({"regime": regime, "final_accuracy": accs[-1] if accs else None,
-                    f"mean_last_{last_k}_accuracy": float(np.mean(accs[-last_k:]))
+                    f"mean_last_{last_k}_evals_accuracy": float(np.mean(accs[-last_k:]))
                     if accs else None, **drift_summary(drift_rows(rows, label_key))})
     return out

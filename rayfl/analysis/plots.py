@@ -7,6 +7,7 @@ import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 MARKERS = {"model": {"marker": "^", "color": "k", "ms": 8},  # the paper's black triangles
            "average": {"marker": "x", "color": "w", "ms": 10, "mew": 2.5},  # its white cross
@@ -60,12 +61,31 @@ def _contour(ax, res, z, title: str) -> None:
 def plot_planes(results: list, path: str) -> None:
     """Loss (top row) and error (bottom row) on each plane: models ▲, their average ✕,
     marked models ◆ (projected), the grid's lowest point ★ (seed 004 Figs. 1, 8–10)."""
-    fig, axes = _panels(len(results), width=4.2, height=3.8, rows=2)
+    ratios = [plane_aspect(res) for res in results]  # equal axes: width follows each plane
+    fig, axes = plt.subplots(2, len(results), figsize=(3.6 * sum(ratios) + 1.0 * len(results),
+                                                       8.0), dpi=120, squeeze=False,
+                             gridspec_kw={"width_ratios": ratios})
     for j, res in enumerate(results):
         _contour(axes[0, j], res, res.loss, f"{res.name}: loss")
         _contour(axes[1, j], res, res.error, f"{res.name}: error")
     fig.suptitle(f"loss / error on {results[0].data}", fontsize=9)
-    _save(fig, path)
+    grey = {"mec": "k", "mfc": "0.6"}
+    handles = [Line2D([], [], ls="", label="the plane's three models", **MARKERS["model"]),
+               Line2D([], [], ls="", label="their plain average",
+                      **{**MARKERS["average"], "color": "0.3"}),
+               Line2D([], [], ls="", label="marked model (projected)", **MARKERS["mark"]),
+               Line2D([], [], ls="", marker="*", ms=9, label="grid minimum", **grey)]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plane_aspect(res) -> float:
+    """Width/height of a plane's grid, clipped to [0.5, 2.5] (the panel's width ratio)."""
+    width = float(np.ptp(res.a)) or 1.0
+    height = float(np.ptp(res.b)) or 1.0
+    return float(np.clip(width / height, 0.5, 2.5))
 
 
 def plot_decomposition(rows: list[dict], curves: list[dict], path: str) -> None:
@@ -75,13 +95,13 @@ def plot_decomposition(rows: list[dict], curves: list[dict], path: str) -> None:
     ax = axes[0, 0]
     for key in ("train_bias", "heter_bias", "bias", "fma_mse"):
         ax.plot(t, [r[key] for r in rows], "o-", ms=3, label=key)
-    ax.set_xlabel("kept round (0-based)")
+    ax.set_xlabel("kept round")
     ax.set_ylabel("MSE (one-hot) on the cohort's data")
     ax.legend(fontsize=7)
     ax = axes[0, 1]
     for key in ("locality", "locality_global"):
         ax.plot(t, [r[key] for r in rows], "o-", ms=3, label=key)
-    ax.set_xlabel("kept round (0-based)")
+    ax.set_xlabel("kept round")
     ax.set_ylabel("max_k ‖w_k − w‖₂")
     ax.legend(fontsize=7)
     ax = axes[0, 2]
@@ -98,7 +118,7 @@ def plot_decomposition(rows: list[dict], curves: list[dict], path: str) -> None:
 
 def _over_rounds(ax, runs: dict, key: str, log: bool) -> None:
     for name, rows in runs.items():
-        pts = [(r["round"] + 1, r[key]) for r in rows if r.get(key) is not None]
+        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts), lw=1.3, label=name)
     ax.set_xlabel("round")

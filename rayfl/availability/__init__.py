@@ -27,6 +27,7 @@ def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
     """Read the trace and capacity files the way a run will (a ConfigError naming a bad one),
     so that a broken file stops the run before anything starts."""
     from rayfl.availability.devices import _read_capacity
+    from rayfl.availability.trace import Trace
 
     if cfg.model == "trace":
         Trace(cfg.trace_path, num_clients)

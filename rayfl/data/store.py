@@ -235,7 +235,7 @@ class DataReader:
         """Training rows by index (a copy; used for per-round re-splits, see ``regime``)."""
         return self.x[idx], self.y[idx]
 
-    def round(self, t: int, round_clients) -> "RoundData":
+    def round(self, t: int, round_clients) -> "RoundData":  # noqa: F821 (imported in the body)
         """The rows of each client in round ``t`` (``round_clients``: every client dispatched
         that round, which a drift regime re-splits among them; see :mod:`rayfl.data.regime`)."""
         from rayfl.data.regime import RoundData

@@ -1,4 +1,9 @@
-"""The run directory's metrics: ``metrics.parquet`` (a row per round) and ``summary.json``."""
+"""The run directory's metrics: ``metrics.parquet`` (a row per round) and ``summary.json``.
+
+Rounds are numbered from 1 wherever a user sees them (``metrics.parquet``'s ``round``, the
+terminal, plots, ``keep.rounds``, ``models/round-NNNNN``); the server's loop index t is 0-based
+and :meth:`MetricsLog.append` is where one becomes the other (round = t + 1).
+"""
 
 from __future__ import annotations
 
@@ -29,20 +34,27 @@ class MetricsLog:
         self.path = os.path.join(run_dir, "metrics.parquet")
         self.rows: list[dict] = []
         self.live = LiveMetrics(cfg.name) if ray.is_initialized() else None  # Ray's gauges
+        from rayfl.metrics.loggers import open_loggers
 
-    def truncate(self, last_round: int) -> None:
-        """Keep the rows of rounds ≤ ``last_round`` (resume after a crash)."""
+        self.loggers = open_loggers(run_dir, cfg)
+
+    def truncate(self, last_t: int) -> None:
+        """Keep the rows up to loop index ``last_t`` (0-based; resume after a crash)."""
         if os.path.isfile(self.path):
             rows = pq.read_table(self.path).to_pylist()
             self.rows = [{k: v for k, v in r.items() if v is not None} for r in rows
-                         if r["round"] <= last_round]
+                         if r["round"] <= last_t + 1]
 
     def append(self, row: dict) -> None:
-        """Add one round's metrics (and publish them as Ray metrics)."""
+        """Add the metrics of loop index ``row["round"]`` (0-based; stored 1-based), publish
+        them as Ray metrics and hand them to the configured loggers."""
         row = {k: _plain(v) for k, v in row.items()}
+        row["round"] = row["round"] + 1
         self.rows.append(row)
         if self.live is not None:
             self.live.publish(row)
+        for logger in self.loggers:
+            logger.log(row)
 
     def flush(self) -> None:
         """Rewrite ``metrics.parquet`` (atomically)."""
@@ -58,21 +70,32 @@ class MetricsLog:
         summary = summarize(self.rows, self.cfg, final_model)
         summary["diverged"] = diverged_at is not None
         if diverged_at is not None:
-            summary["diverged_at_round"] = diverged_at
+            summary["diverged_at_round"] = diverged_at + 1
             summary["diverged_reason"] = self.rows[-1].get("diverged_reason") if self.rows \
                 else None
+        from rayfl.metrics import provenance
+
+        summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online
         from rayfl.metrics.plots import plot_accuracy
 
-        plot_accuracy({self.cfg.name: self.rows}, os.path.join(self.run_dir, "accuracy.png"))
+        plot_accuracy({summary["algorithm"]: self.rows},
+                      os.path.join(self.run_dir, "accuracy.png"),
+                      title=f"{os.path.basename(self.run_dir)}: {summary['algorithm']} on "
+                            f"{self.cfg.data.dataset}, test accuracy")
         plot_online(self.rows, os.path.join(self.run_dir, "availability.png"))
+        for logger in self.loggers:
+            logger.close("FAILED" if diverged_at is not None else "FINISHED")
         return summary
 
 
 def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
-    """Final and last-k accuracy, rounds to target, wall time and the model hash."""
-    evals = [(r["round"], r["test_accuracy"]) for r in rows if "test_accuracy" in r]
+    """Final accuracy, the mean over the last ``eval.last_k`` *evaluations*
+    (``mean_last_K_evals_accuracy``), the first round (1-based) reaching the target, wall time
+    and the model hash."""
+    evals = [(r["round"], r["test_accuracy"]) for r in rows
+             if r.get("test_accuracy") is not None]
     accs = [a for _, a in evals]
     target = cfg.eval.target_accuracy
     reached = next((t for t, a in evals if target is not None and a >= target), None)
@@ -85,12 +108,13 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
         "algorithm": cfg.algorithm.name + ("+ima" if cfg.ima is not None else ""),
         "rounds": len(rows),
         "final_accuracy": accs[-1] if accs else None,
-        f"mean_last_{cfg.eval.last_k}_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))
+        f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))
         if accs else None,
+        "evaluations": len(accs),
         "final_test_loss": next((r["test_loss"] for r in reversed(rows) if "test_loss" in r),
                                 None),
         "target_accuracy": target,
-        "rounds_to_target": None if reached is None else reached + 1,
+        "rounds_to_target": reached,
         "wall_time_s": rows[-1]["elapsed_s"] if rows else 0.0,
         "mean_round_s": float(np.mean([r["round_s"] for r in rows])) if rows else 0.0,
         "virtual_time_s": rows[-1].get("virtual_time_s", 0.0) if rows else 0.0,
@@ -112,15 +136,15 @@ def write_parquet(rows: list[dict], path: str) -> None:
 
 
 def strict(obj):
-    """``obj`` with every NaN/inf float replaced by None (strict JSON has no NaN)."""
+    """``obj`` with NaN/±inf floats replaced by None and numpy scalars made plain, so it
+    serialises as strict JSON (which has no NaN)."""
     if isinstance(obj, dict):
-        return {k: strict(v) for k, v in obj.items()}
+        return {str(k): strict(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [strict(v) for v in obj]
-    if isinstance(obj, (float, np.floating)):
-        return float(obj) if math.isfinite(obj) else None
-    if isinstance(obj, np.integer):
-        return int(obj)
+    obj = _plain(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     return obj
 
 

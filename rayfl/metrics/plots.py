@@ -1,4 +1,9 @@
-"""PNG figures a person would rather look at than read."""
+"""PNG figures a person would rather look at than read.
+
+Rounds are numbered from 1 as in ``metrics.parquet``; accuracies are drawn in percent, as the
+terminal prints them. Rows whose evaluation is missing (``eval.every > 1``) are skipped, so the
+lines join the evaluated rounds.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +11,69 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
-def plot_accuracy(runs: dict[str, list[dict]], path: str, title: str = "Test accuracy") -> None:
-    """Test accuracy over rounds, one line per run."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    for name, rows in runs.items():
-        pts = [(r["round"] + 1, r["test_accuracy"]) for r in rows if "test_accuracy" in r]
-        if pts:
-            ax.plot(*zip(*pts), label=name, lw=1.5)
+def evaluated(rows: list[dict], key: str = "test_accuracy") -> list[tuple[int, float]]:
+    """(round, value) of the rows that hold a finite ``key`` (missing and None skipped)."""
+    return [(r["round"], float(r[key])) for r in rows
+            if r.get(key) is not None and np.isfinite(r[key])]
+
+
+def _finish(fig, ax, path: str, title: str, legend: bool) -> None:
     ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    if len(runs) > 1:
+    if legend:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_accuracy(runs: dict[str, list[dict]], path: str, title: str = "Test accuracy") -> int:
+    """Test accuracy (%) over rounds, one line per run (its name in the legend).
+
+    Returns the number of lines drawn.
+    """
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    drawn = 0
+    for name, rows in runs.items():
+        pts = evaluated(rows)
+        if pts:
+            x, y = zip(*pts)
+            ax.plot(x, [100 * v for v in y], label=name, lw=1.5, marker="." if len(x) < 30
+                    else None)
+            drawn += 1
+    _finish(fig, ax, path, title, drawn > 0)
+    return drawn
+
+
+def seed_band(runs: list[list[dict]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rounds, mean, std) of test accuracy over seeds, on the rounds every seed evaluated."""
+    series = [dict(evaluated(rows)) for rows in runs]
+    common = sorted(set.intersection(*(set(s) for s in series))) if series else []
+    values = np.array([[s[t] for t in common] for s in series], dtype=np.float64)
+    if not common:
+        return np.array([]), np.array([]), np.array([])
+    return np.array(common), values.mean(0), values.std(0)
+
+
+def plot_accuracy_bands(groups: dict[str, list[list[dict]]], path: str,
+                        title: str = "Test accuracy") -> int:
+    """Mean test accuracy (%) over seeds per group with a ±1 std band; returns lines drawn."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    drawn = 0
+    for name, runs in groups.items():
+        x, mean, std = seed_band(runs)
+        if len(x):
+            line, = ax.plot(x, 100 * mean, lw=1.5, label=f"{name} (mean of {len(runs)} seeds)")
+            ax.fill_between(x, 100 * (mean - std), 100 * (mean + std), alpha=0.2,
+                            color=line.get_color(), lw=0)
+            drawn += 1
+    ax.plot([], [], " ", label="band: ± 1 std over seeds")
+    _finish(fig, ax, path, title, drawn > 0)
+    return drawn

@@ -71,8 +71,6 @@ class RayExecutor:
         return self._wait(calls, [actor for actor, _ in busy])
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
-        import ray
-
         chunks = np.array_split(client_ids, len(self.actors))
         return np.concatenate(self._wait([a.setup_summaries.remote(c)
                                           for a, c in zip(self.actors, chunks)], self.actors))

@@ -185,10 +185,10 @@ class Server:
         }
 
     def _keep_dir(self, t: int) -> str | None:
-        keep = self.cfg.keep
-        if t not in keep.rounds and t < self.cfg.rounds - keep.last:
+        keep = self.cfg.keep  # keep.rounds and the directory name count rounds from 1
+        if t + 1 not in keep.rounds and t < self.cfg.rounds - keep.last:
             return None
-        path = os.path.join(self.run_dir, "models", f"round-{t:05d}")
+        path = os.path.join(self.run_dir, "models", f"round-{t + 1:05d}")
         os.makedirs(path, exist_ok=True)
         return path
 

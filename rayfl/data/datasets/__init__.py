@@ -9,7 +9,6 @@ read from ``data_cfg.params``), ``natural = True`` (rows carry writers/users) an
 
 from __future__ import annotations
 
-import importlib
 import pickle
 import struct
 import zlib

@@ -1,0 +1,109 @@
+"""Experiment trackers fed with every metrics row: TensorBoard event files and MLflow runs.
+
+Enabled by the ``loggers`` config section. Each logger receives the full row the server appends
+to ``metrics.parquet`` (numbers only; ``round``, 1-based, is the step), so what TensorBoard or
+MLflow shows is exactly what the Parquet file holds. A resumed run keeps writing to the same
+event directory and the same MLflow run (its id is kept in ``<run_dir>/mlflow_run_id``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+TENSORBOARD_DIR = "tensorboard"
+MLFLOW_RUN_ID = "mlflow_run_id"
+
+
+def scalars(row: dict) -> dict[str, float]:
+    """The row's finite numeric values except ``round`` (booleans and strings dropped)."""
+    out = {}
+    for key, value in row.items():
+        if key == "round" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+def flat_params(raw: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config dict as dotted ``key → str(value)`` pairs (MLflow params)."""
+    out = {}
+    for key, value in raw.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat_params(value, f"{name}."))
+        else:
+            out[name] = str(value)
+    return out
+
+
+class TensorBoardLogger:
+    """Scalars under ``<run_dir>/tensorboard`` (``tensorboard --logdir RUN_DIR``)."""
+
+    def __init__(self, run_dir: str, cfg):
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(logdir=os.path.join(run_dir, TENSORBOARD_DIR))
+
+    def log(self, row: dict) -> None:
+        for key, value in scalars(row).items():
+            self.writer.add_scalar(key, value, global_step=row["round"])
+        self.writer.flush()
+
+    def close(self, status: str) -> None:
+        self.writer.close()
+
+
+class MLflowLogger:
+    """One MLflow run per rayfl run: the resolved config as params, every row as metrics."""
+
+    def __init__(self, run_dir: str, cfg):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the local ``mlruns`` store
+        from mlflow import MlflowClient
+
+        from rayfl.config import to_dict
+
+        # default: next to the run directory (<output_dir>/mlruns), resolved from run_dir,
+        # which is absolute, since this actor's cwd need not be the user's
+        uri = cfg.loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
+        self.client = MlflowClient(tracking_uri=uri)
+        id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
+        if os.path.isfile(id_path):
+            with open(id_path) as f:
+                self.run_id = f.read().strip()
+            return
+        name = cfg.loggers.mlflow_experiment or cfg.name
+        found = self.client.get_experiment_by_name(name)
+        experiment = found.experiment_id if found else self.client.create_experiment(name)
+        run = self.client.create_run(experiment, run_name=os.path.basename(run_dir),
+                                     tags={"rayfl.run_dir": os.path.abspath(run_dir)})
+        self.run_id = run.info.run_id
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in flat_params(to_dict(cfg)).items()]
+        for i in range(0, len(params), 100):  # MLflow's batch limit
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        with open(id_path, "w") as f:
+            f.write(self.run_id)
+
+    def log(self, row: dict) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(1000 * row.get("elapsed_s", 0.0))
+        metrics = [Metric(k, v, stamp, row["round"]) for k, v in scalars(row).items()]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+
+    def close(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def open_loggers(run_dir: str, cfg) -> list:
+    """The loggers the config enables (none by default)."""
+    out = []
+    if cfg.loggers.tensorboard:
+        out.append(TensorBoardLogger(run_dir, cfg))
+    if cfg.loggers.mlflow:
+        out.append(MLflowLogger(run_dir, cfg))
+    return out

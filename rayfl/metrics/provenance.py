@@ -1,0 +1,76 @@
+"""Where a run's numbers came from: versions, git commit, command lines, the config's hash.
+
+Recorded in the user's process (the only one that knows the command line) into
+``<run_dir>/provenance.json`` when a run starts or resumes; ``summary.json`` copies it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+
+PROVENANCE = "provenance.json"
+
+
+def _module_version(name: str) -> str | None:
+    try:
+        return importlib.import_module(name).__version__
+    except ImportError:
+        return None
+
+
+def git_commit(path: str) -> str | None:
+    """HEAD of the git checkout holding ``path`` (``+dirty`` if it has local changes), or None."""
+    try:
+        head = subprocess.run(["git", "-C", path, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", path, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def config_hash(cfg) -> str:
+    """sha256 of the resolved config as canonical JSON (sorted keys)."""
+    from rayfl.config import to_dict
+
+    text = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def record(run_dir: str, cfg) -> dict:
+    """Write (or, on resume, extend) ``provenance.json``; returns its content."""
+    import rayfl
+
+    path = os.path.join(run_dir, PROVENANCE)
+    old = load(run_dir)
+    info = {
+        "rayfl_version": rayfl.__version__,
+        "git_commit": git_commit(os.path.dirname(os.path.abspath(rayfl.__file__))),
+        "python": platform.python_version(),
+        "torch": _module_version("torch"),  # with its build tag (e.g. +cu130)
+        "ray": _module_version("ray"),
+        "config_sha256": config_hash(cfg),
+        "command_lines": [*old.get("command_lines", []), " ".join(sys.argv)],
+    }
+    from rayfl.metrics.log import write_json
+
+    write_json(info, path)
+    return info
+
+
+def load(run_dir: str) -> dict:
+    """``provenance.json`` of a run directory ({} when absent)."""
+    path = os.path.join(run_dir, PROVENANCE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
