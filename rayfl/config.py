@@ -372,6 +372,8 @@ def from_dict(raw: dict) -> Config:
     """Validate a plain dict (as loaded from YAML) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
+    if isinstance(raw.get("algorithm"), str):  # `algorithm: scaffold` is `{name: scaffold}`
+        raw = {**raw, "algorithm": {"name": raw["algorithm"]}}
     cfg = schema.build(Config, raw)
     cls = cfg.algorithm.component()
     check_weighting(cls, cfg)
