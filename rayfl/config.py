@@ -147,12 +147,43 @@ class AggregationConfig:
     transforms: list[dict] = field(
         factory=list, doc="aggregation transforms applied in order to each client update and "
                           "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
-                          "`rayfl keys`: identity, clip)")
+                          "`rayfl keys`: identity, clip, qsgd, topk, randk, secagg)")
 
     def check(self, prefix: str) -> None:
         from rayfl.transforms import validate
 
         validate(self.transforms, f"{prefix}.transforms")
+
+
+@dataclass(frozen=True)
+class AdaptiveClipConfig:
+    """Adaptive clipping (Andrew et al., NeurIPS 2021): S tracks a quantile of update norms."""
+
+    target_quantile: float = field(0.5, doc="γ: the share of clients whose update norm should "
+                                            "stay within S", lo=0.0, hi=1.0)
+    learning_rate: float = field(0.2, doc="η_C: S ← S·exp(−η_C (b̃ − γ)) each round, b̃ the "
+                                          "noised share of unclipped clients", lo=0.0,
+                                 lo_open=True)
+    count_noise: Optional[float] = field(
+        None, doc="σ_b: std of the noise on the unclipped count (null: clients_per_round / 20); "
+                  "the update's multiplier becomes (z⁻² − (2σ_b)⁻²)^(−1/2) so ε stays that of "
+                  "z; needs 2σ_b > z", lo=0.0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Client-to-server compression (one step after aggregation.transforms, before privacy)."""
+
+    method: Literal["qsgd", "topk", "randk"] = field(
+        "qsgd", doc="qsgd: stochastic quantisation to 2^(bits-1) - 1 levels (unbiased); topk: "
+                    "the largest fraction of coordinates; randk: a random fraction (seeded)")
+    bits: int = field(8, doc="qsgd: bits per coordinate, sign included (2: ternary)", lo=2,
+                      hi=16)
+    fraction: float = field(0.01, doc="topk/randk: share of coordinates sent", lo=0.0, hi=1.0,
+                            lo_open=True)
+    error_feedback: bool = field(False, doc="keep what compression dropped as persistent "
+                                            "client state (state store) and add it to the "
+                                            "client's next update")
 
 
 @dataclass(frozen=True)
@@ -174,6 +205,9 @@ class PrivacyConfig:
     target_epsilon: Optional[float] = field(
         None, doc="stop after the last round whose ε stays within this (null: run every round)",
         lo=0.0, lo_open=True)
+    adaptive_clip: Optional[AdaptiveClipConfig] = field(
+        None, doc="let clip_norm (its start) track a target quantile of the update norms "
+                  "(keys target_quantile, learning_rate, count_noise); dp_clip_norm per round")
 
     def check(self, prefix: str) -> None:
         if self.accountant == "pld" and self.sampling != "poisson":
@@ -331,6 +365,9 @@ class Config:
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
         None, doc="user-level differential privacy (DP-FedAvg); ε per round in metrics.parquet")
+    compression: Optional[CompressionConfig] = field(
+        None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
+                  "upload_bytes per round, and the virtual clock's upload time")
     server_opt: Optional[ServerOptConfig] = field(
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
@@ -380,6 +417,9 @@ def from_dict(raw: dict) -> Config:
     cls.check_config(cfg.algorithm.params, cfg)
     check_server_opt(cls, cfg)
     check_privacy(cls, cfg)
+    from rayfl.transforms import check_run
+
+    check_run(cfg)
     return cfg
 
 
@@ -422,6 +462,14 @@ def check_privacy(cls, cfg: Config) -> None:
     if cfg.availability.overcommit != 1.0:
         raise ConfigError("availability.overcommit", cfg.availability.overcommit,
                           "1 with privacy (the accountant models clients_per_round draws)")
+    ad = cfg.privacy.adaptive_clip
+    if ad is not None:
+        sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20
+        if 2 * sigma <= cfg.privacy.noise_multiplier:
+            raise ConfigError("privacy.adaptive_clip.count_noise", ad.count_noise,
+                              f"σ_b > z/2 = {cfg.privacy.noise_multiplier / 2:g} (the count's "
+                              f"noise takes a share of z; null means clients_per_round/20 = "
+                              f"{cfg.clients_per_round / 20:g})")
     target = cfg.privacy.target_epsilon
     if target is not None:
         from rayfl import privacy

@@ -1,9 +1,11 @@
 """DP-FedAvg: clipping, the noise's scale, ε against the accountant library and an independent
-computation, config rules, and a run end to end (target ε, resume)."""
+computation, config rules, adaptive clipping, and a run end to end (target ε, resume)."""
 
 from __future__ import annotations
 
+import glob
 import math
+import os
 
 import numpy as np
 import pytest
@@ -15,13 +17,13 @@ from dp_accounting import rdp
 
 import rayfl
 from rayfl import config as config_mod, privacy
-from rayfl.algorithms.base import ClientTask
+from rayfl.algorithms.base import Aggregate, ClientTask
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.transforms import Chain
-from rayfl.transforms.dp import GaussianDP, GaussianDPParams
+from rayfl.transforms import Chain, ClientContext
+from rayfl.transforms.dp import GaussianDP, GaussianDPParams, update_noise_multiplier
 from tests.conftest import TINY
 
 DT = torch.float64
@@ -130,3 +132,79 @@ def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_loca
     resumed = rayfl.resume(run_dir, quiet=True)
     assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
     assert resumed.metrics.column("dp_epsilon").to_pylist() == eps
+
+
+def _adaptive(gamma: float, clip: float = 1.0, k: int = 100, seed: int = 0) -> GaussianDP:
+    return GaussianDP(GaussianDPParams(noise_multiplier=1.0, clip_norm=clip, expected_clients=k,
+                                       target_quantile=gamma, clip_lr=0.2), seed)
+
+
+def _adaptive_round(mech: GaussianDP, norms: np.ndarray, t: int, dim: int = 3) -> None:
+    """One round of known update norms through the mechanism's client and server sides."""
+    bc = mech.broadcast(t)
+    total, payload = torch.zeros(dim, dtype=DT), 0.0
+    for i, r in enumerate(norms):
+        ctx = ClientContext(broadcast=bc)
+        total += mech.client_apply(torch.full((dim,), r / math.sqrt(dim), dtype=DT), t, i, ctx)
+        payload += ctx.payload["unclipped"]
+    mech.aggregate(Aggregate(len(norms), len(norms), len(norms), float(len(norms)),
+                             total / len(norms), total, 0.0, {"unclipped": payload}), t)
+
+
+@pytest.mark.parametrize("gamma", [0.5, 0.9])
+def test_adaptive_clip_norm_converges_to_the_target_quantile_of_known_norms(gamma):
+    norms = np.linspace(1.0, 100.0, 100)  # the γ quantile of these is known exactly
+    mech = _adaptive(gamma)
+    assert mech.broadcast(0)["clip_norm"].item() == 1.0
+    trace = []
+    for t in range(400):
+        _adaptive_round(mech, norms, t)
+        trace.append(mech.clip)
+    late = np.array(trace[-100:])
+    assert abs(np.median(late) / np.quantile(norms, gamma) - 1) < 0.1
+    assert abs(np.mean(norms[None, :] <= late[:, None]) - gamma) < 0.05
+
+
+def test_adaptive_clipping_costs_exactly_the_stated_noise_multiplier():
+    z, sigma_b = 1.1, 2.5
+    z_delta = update_noise_multiplier(z, sigma_b)
+    assert z_delta > z
+    # the update (sensitivity S, noise z_Δ S) and the count (sensitivity ½, noise σ_b) together
+    both, one = rdp.RdpAccountant(), rdp.RdpAccountant()
+    both.compose(dpa.ComposedDpEvent([dpa.GaussianDpEvent(z_delta),
+                                      dpa.GaussianDpEvent(2 * sigma_b)]))
+    one.compose(dpa.GaussianDpEvent(z))
+    assert both.get_epsilon(1e-5) == pytest.approx(one.get_epsilon(1e-5), rel=1e-9)
+    mech = GaussianDP(GaussianDPParams(z, 0.5, 10, 0.5, 0.2, sigma_b), seed=1)
+    noise = mech.noise(2, 400_000)
+    assert abs(noise.std() / (z_delta * 0.5) - 1) < 0.005
+
+
+def test_adaptive_count_noise_must_leave_room_for_the_update_noise():
+    with pytest.raises(ConfigError) as e:
+        config_mod.load(TINY, ["privacy.noise_multiplier=1.0", "aggregation.weighting=uniform",
+                               "privacy.adaptive_clip.count_noise=0.4"])
+    assert e.value.key == "privacy.adaptive_clip.count_noise"
+
+
+def test_resume_with_adaptive_clipping_and_error_feedback_gives_the_same_bytes_and_epsilon(
+        ray_local, tiny, tmp_path):
+    common = tiny + ["rounds=6", "privacy.noise_multiplier=0.8", "privacy.clip_norm=0.05",
+                     "privacy.sampling=poisson", "aggregation.weighting=uniform",
+                     "privacy.adaptive_clip.target_quantile=0.5",
+                     "privacy.adaptive_clip.count_noise=1.0",
+                     "compression.method=topk", "compression.fraction=0.25",
+                     "compression.error_feedback=true", "checkpoint.every=1"]
+    full = rayfl.run(TINY, common, quiet=True)
+    clips = full.metrics.column("dp_clip_norm").to_pylist()
+    assert clips[0] == 0.05 and len(set(clips)) == 6  # the clip norm moves every round
+    run_dir = str(tmp_path / "paused")
+    rayfl.run(TINY, common, run_dir=run_dir, quiet=True, max_rounds=3)
+    resumed = rayfl.resume(run_dir, quiet=True)
+    assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
+    for key in ("dp_epsilon", "dp_clip_norm", "upload_bytes"):
+        assert resumed.metrics.column(key).to_pylist() == full.metrics.column(key).to_pylist()
+    assert resumed.summary["epsilon"] == full.summary["epsilon"]
+    # fedavg keeps no client state of its own: the stored state is the top-k residual
+    files = glob.glob(os.path.join(run_dir, "state", "*", "*.npz"))
+    assert files and all(set(np.load(f).files) == {"_transform0_residual"} for f in files)

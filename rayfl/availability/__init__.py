@@ -9,18 +9,20 @@ from rayfl.availability.sampler import Sampler
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
-                 model_bytes: int = 0, poisson_rate: float | None = None) -> Sampler:
+                 model_bytes: int = 0, poisson_rate: float | None = None,
+                 upload_bytes: float | None = None) -> Sampler:
     """The round planner for ``cfg``: call ``.plan(t, now)`` once per round.
 
     ``handle`` is the run's :class:`~rayfl.data.DataHandle` (client sizes, labels via
     ``handle.open()``); ``spec`` the :class:`~rayfl.runtime.local.LocalSpec` (K_i per client);
-    ``model_bytes`` the size of the model sent down and up (0: transfers take no time).
+    ``model_bytes`` the size of the model sent down and up (0: transfers take no time);
+    ``upload_bytes`` what a client sends up when it differs (compressed updates).
     """
     stats = LabelStats(handle)
     ctx = Context(handle.num_clients, seed, handle.num_classes, stats, cfg.correlate)
     model = cfg.component().build(cfg, ctx)
     return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes,
-                   poisson_rate)
+                   poisson_rate, upload_bytes)
 
 
 def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:

@@ -3,7 +3,7 @@
 Speeds come from log-normal distributions (``speed_*``, ``bandwidth_*``) or from FedScale's
 ``client_device_capacity`` pickle, where client i uses profile ``i mod M`` (sorted ids). A
 client's local step costs ``speed · min(batch_size, n_i)`` seconds (FedScale: batch × steps ×
-s/sample) and the model travels down and up once at its bandwidth.
+s/sample) and the model travels down and its update up once at its bandwidth.
 """
 
 from __future__ import annotations
@@ -41,9 +41,12 @@ class Devices:
             self.bandwidth = lognormal(cfg.bandwidth_mean, cfg.bandwidth_sigma, n, rng)
 
     def times(self, clients: np.ndarray, sizes: np.ndarray, batch_size: int,
-              model_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-        """(transfer seconds down + up, seconds per local step) of ``clients`` with ``sizes``."""
-        comm = 2.0 * model_bytes * 8.0 / (self.bandwidth[clients] * 1e6)
+              model_bytes: int, upload_bytes: float | None = None
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(transfer seconds down + up, seconds per local step) of ``clients`` with ``sizes``;
+        the upload is ``upload_bytes`` (a compressed update) or the model's size."""
+        up = model_bytes if upload_bytes is None else upload_bytes
+        comm = (model_bytes + up) * 8.0 / (self.bandwidth[clients] * 1e6)
         step = self.speed[clients] * np.clip(sizes, 1, batch_size)
         return comm, step
 

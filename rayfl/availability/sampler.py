@@ -26,10 +26,11 @@ class Sampler:
 
     def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
                  clients_per_round: int, seed: int, spec, model_bytes: int = 0,
-                 poisson_rate: float | None = None):
+                 poisson_rate: float | None = None, upload_bytes: float | None = None):
         self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
         self.sizes, self.n = sizes, len(sizes)
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
+        self.upload_bytes = model_bytes if upload_bytes is None else upload_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
         self.devices = Devices(cfg, self.n, seed)
         self.clock = 0.0
@@ -55,7 +56,8 @@ class Sampler:
 
         n_i = self.sizes[alive]
         steps = np.array([self.spec.num_steps(int(s)) for s in n_i], dtype=np.int64)
-        comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes)
+        comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes,
+                                          self.upload_bytes)
         finish = comm + steps * step_s
         keep = self.k if self.poisson_rate is None else m
         first = np.lexsort((alive, finish))[:keep]  # the first K to finish

@@ -18,6 +18,7 @@ import torch
 from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, has
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.local import GradFn, LocalSpec, train_client
+from rayfl.transforms import split
 
 BATCH_STREAM = 1  # purpose tag of the minibatch-order generator
 
@@ -87,20 +88,25 @@ def train_groups(algorithm: Algorithm, groups: Iterable[tuple[int, Sequence[Work
     """
     keep_models = has(algorithm, "receive_client_models")
     sums, written = [], []
+    t_bc, bc = split(bc)  # the transforms' broadcast values never reach the algorithm
     for group, tasks in groups:
         acc = PartialSum()
         for client, weight, version, budget in tasks:
             grad_fn, n = source(client)
-            task = ClientTask(client, t, lr, weight, bc, store.load(client, version))
+            t_state, state = split(store.load(client, version))
+            task = ClientTask(client, t, lr, weight, bc, state)
             out = run_client(algorithm, task, grad_fn, n, spec, client_rng(seed, t, client),
                              budget)
             if on_model is not None:
                 on_model(client, out.y)
-            if out.result.state is not None:
-                store.save(client, t, out.result.state)
+            delta, result = out.delta, out.result
+            if transforms is not None:
+                delta, t_state, extra = transforms.apply(delta, t, client, t_bc, t_state)
+                result = ClientResult({**result.payload, **extra}, result.state)
+            if result.state is not None or t_state:  # a transform's state: e.g. EF residuals
+                store.save(client, t, {**(result.state or {}), **t_state})
                 written.append(client)
-            delta = out.delta if transforms is None else transforms.client(out.delta, t, client)
-            acc.add_client(client, delta, weight, out.steps, n, out.loss, out.result,
+            acc.add_client(client, delta, weight, out.steps, n, out.loss, result,
                            out.y if keep_models else None)
         sums.append((group, acc))
     return sums, written

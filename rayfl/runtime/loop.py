@@ -19,6 +19,7 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, State, has
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
+from rayfl.transforms import round_metrics
 
 
 def balance(loads: np.ndarray, bins: int) -> list[list[int]]:
@@ -96,6 +97,8 @@ class RoundLoop:
         clients = np.asarray(clients, dtype=np.int64)
         weights = algo.aggregation_weights(state, clients, self.sizes[clients])
         bc = algo.broadcast(state, t)
+        if self.transforms is not None:
+            bc = {**bc, **self.transforms.broadcast(t)}
         groups = self.groups(clients, weights, budgets)
         tick = time.perf_counter()
         reports = self.executor.run(t, bc, lr, groups, keep_dir, clients)
@@ -117,4 +120,5 @@ class RoundLoop:
         if self.transforms is not None:
             agg = self.transforms.aggregate(agg, t)
         state, own = algo.server_update(state, agg, t)
+        own = {**own, **round_metrics(self.transforms, total.count, x.numel(), x.element_size())}
         return RoundOutcome(state, agg, total, reports, own, train_s, time.perf_counter() - tick)

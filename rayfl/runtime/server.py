@@ -57,10 +57,14 @@ class Server:
         self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
             privacy.rounds_within(dp.target_epsilon, cfg.rounds, **self.accounting)
         poisson = dp is not None and dp.sampling == "poisson"
+        chain = transforms_from_config(cfg)
+        w = self.model.w
         self.sampler = make_sampler(
             cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
-            model_bytes=self.model.w.numel() * self.model.w.element_size(),
-            poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None)
+            model_bytes=w.numel() * w.element_size(),
+            poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
+            upload_bytes=None if chain is None else chain.upload_bytes(w.numel(),
+                                                                       w.element_size()))
         if actor_names is None:
             worker = ClientWorker(cfg, handle, self.state_root,
                                   cfg.runtime.state_memory_mb * 2**20)
@@ -69,7 +73,7 @@ class Server:
             executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
                                    cfg.runtime.max_actor_restarts)
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
-                              transforms_from_config(cfg))
+                              chain)
         reader = handle.open()
         self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
         if handle.num_validation_clients:
@@ -99,6 +103,8 @@ class Server:
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
+        if self.loop.transforms is not None:  # e.g. the adaptive clip norm
+            self.loop.transforms.load_server_state(ck.get("transforms"))
         checkpoint.prune_state(self.state_root, self.loop.versions)
 
     # ----- the loop ----------------------------------------------------------------------
@@ -222,7 +228,9 @@ class Server:
         checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
-            "elapsed": elapsed})
+            "elapsed": elapsed,
+            "transforms": None if self.loop.transforms is None else
+            self.loop.transforms.server_state()})
         state_store.delete_versions(self.state_root, self.loop.superseded)
         self.loop.superseded = []
 

@@ -2,23 +2,52 @@
 
 A transform sees each client's update Δ_i inside the worker that trained it (``client``), before
 it is summed, and the round's :class:`Aggregate` at the server (``aggregate``), before the
-algorithm's server update. Transforms run in the order of ``aggregation.transforms``, so they
-compose with every algorithm: this is where clipping, noise, quantisation, compression and
+algorithm's server update. Client sides run in the order of the chain and server sides in the
+reverse order (a stack: the last encoder on the client is the first decoder at the server), so
+they compose with every algorithm: this is where clipping, noise, quantisation, compression and
 secure-aggregation arithmetic plug in. A transform is a class with a ``Params`` dataclass (its
 config keys) registered in :data:`REGISTRY`; randomness must come from generators keyed by
 (seed, round, client, purpose) so results stay independent of placement.
+
+Beyond Δ_i a step may use (see :class:`ClientContext`): values the server broadcasts with the
+model (``broadcast``, e.g. an adaptive clip norm), persistent per-client vectors that live in
+the client's state in the state store (error-feedback residuals: saved, spilled, checkpointed
+and resumed like algorithm state) and scalars summed over the round's clients into
+``agg.extras`` (e.g. a clipped-count); server-side state of its own (``server_state``) is
+checkpointed with the run. ``upload_bytes`` is what one client would send; the chain composes
+it, it is reported as ``upload_bytes`` per round and times the upload on the virtual clock.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.schema import ConfigError
+
+#: prefix of the broadcast and client-state keys that belong to transforms, not the algorithm
+RESERVED = "_transform"
+
+
+def client_rng(seed: int, t: int, client: int, purpose: int) -> np.random.Generator:
+    """The generator of one (seed, round, client, purpose): independent of actor placement."""
+    return np.random.default_rng([seed, t, client, purpose])
+
+
+@dataclass
+class ClientContext:
+    """What one step may read and write for one client: the server's broadcast values, its own
+    persistent client state (read, and replace entries to keep them) and scalars to sum."""
+
+    broadcast: dict[str, Vec] = field(default_factory=dict)
+    state: dict[str, Vec] = field(default_factory=dict)
+    payload: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -31,6 +60,8 @@ class Transform:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type] = NoParams
+    #: runs after every other step on the client (and first at the server): SecAgg's transport
+    transport: ClassVar[bool] = False
 
     def __init__(self, params: Any = None, seed: int = 0):
         self.p = params if params is not None else self.Params()
@@ -40,9 +71,36 @@ class Transform:
         """Client ``client``'s update Δ_i of round ``t`` as it is summed."""
         return delta
 
+    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
+        """:meth:`client` with the client's context (steps with state or broadcasts override)."""
+        return self.client(delta, t, client)
+
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
         """The round's aggregate as the server algorithm sees it."""
         return agg
+
+    def broadcast(self, t: int) -> dict[str, Vec]:
+        """Values every client of round ``t`` receives for this step."""
+        return {}
+
+    def upload_bytes(self, numel: int, incoming: float) -> float:
+        """Bytes one client sends for a ``numel``-vector that took ``incoming`` bytes so far."""
+        return incoming
+
+    def metrics(self) -> dict[str, float]:
+        """This step's numbers for the round just aggregated."""
+        return {}
+
+    def server_state(self) -> dict:
+        """Server-side state of this step (plain data; checkpointed)."""
+        return {}
+
+    def load_server_state(self, state: dict) -> None:
+        """Restore :meth:`server_state` after a resume."""
+
+    @classmethod
+    def check_config(cls, params: Any, cfg, where: str) -> None:
+        """Cross-section rules for a run (ConfigError naming the key)."""
 
 
 class Identity(Transform):
@@ -74,21 +132,102 @@ class ClipUpdate(Transform):
 REGISTRY: dict[str, type[Transform]] = {"identity": Identity, "clip": ClipUpdate}
 
 
+def _register_builtins() -> None:
+    from rayfl.transforms.compress import QSGD, RandK, TopK
+    from rayfl.transforms.secagg import SecAgg
+
+    for cls in (QSGD, TopK, RandK, SecAgg):
+        REGISTRY[cls.name] = cls
+
+
 class Chain:
-    """Transforms applied in order."""
+    """Transforms applied in order on the client, in reverse order at the server."""
 
     def __init__(self, steps: list[Transform]):
         self.steps = steps
+        self.last_count = 0
+
+    def _key(self, i: int, name: str) -> str:
+        return f"{RESERVED}{i}_{name}"
 
     def client(self, delta: Vec, t: int, client: int) -> Vec:
-        for step in self.steps:
-            delta = step.client(delta, t, client)
-        return delta
+        """Δ_i through every step's client side (no broadcast, no state)."""
+        return self.apply(delta, t, client)[0]
+
+    def apply(self, delta: Vec, t: int, client: int, broadcast: dict | None = None,
+              state: dict | None = None) -> tuple[Vec, dict[str, Vec], dict[str, float]]:
+        """(Δ_i as summed, the transforms' new client state, scalars to sum) for one client.
+
+        ``broadcast`` and ``state`` hold only reserved keys (see :func:`split`)."""
+        broadcast, state = broadcast or {}, state or {}
+        new_state, payload = {}, {}
+        for i, step in enumerate(self.steps):
+            pre = self._key(i, "")
+            ctx = ClientContext({k[len(pre):]: v for k, v in broadcast.items()
+                                 if k.startswith(pre)},
+                                {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)})
+            delta = step.client_apply(delta, t, client, ctx)
+            new_state.update({pre + k: v for k, v in ctx.state.items()})
+            payload.update({pre + k: v for k, v in ctx.payload.items()})
+        return delta, new_state, payload
+
+    def broadcast(self, t: int) -> dict[str, Vec]:
+        """Every step's values for the clients of round ``t`` (reserved keys)."""
+        return {self._key(i, k): v for i, step in enumerate(self.steps)
+                for k, v in step.broadcast(t).items()}
 
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
-        for step in self.steps:
-            agg = step.aggregate(agg, t)
+        self.last_count = agg.count
+        mine = {k: v for k, v in agg.extras.items() if k.startswith(RESERVED)}
+        agg = dataclasses.replace(agg, extras={k: v for k, v in agg.extras.items()
+                                               if not k.startswith(RESERVED)})
+        for i in reversed(range(len(self.steps))):
+            pre = self._key(i, "")
+            own = {k[len(pre):]: v for k, v in mine.items() if k.startswith(pre)}
+            agg = self.steps[i].aggregate(dataclasses.replace(
+                agg, extras={**agg.extras, **own}), t)
+            agg = dataclasses.replace(agg, extras={k: v for k, v in agg.extras.items()
+                                                   if k not in own})
         return agg
+
+    def upload_bytes(self, numel: int, element_size: int = 4) -> float:
+        """Bytes one client uploads for a ``numel``-parameter update (dense: numel × size)."""
+        size = float(numel * element_size)
+        for step in self.steps:
+            size = step.upload_bytes(numel, size)
+        return size
+
+    def metrics(self) -> dict[str, float]:
+        out = {}
+        for step in self.steps:
+            out.update(step.metrics())
+        return out
+
+    def server_state(self) -> list[dict]:
+        return [step.server_state() for step in self.steps]
+
+    def load_server_state(self, states: list[dict] | None) -> None:
+        for step, state in zip(self.steps, states or []):
+            step.load_server_state(state)
+
+
+def split(values: dict | None) -> tuple[dict, dict | None]:
+    """(the transforms' reserved entries, the rest or None when nothing is left) of a
+    broadcast or client-state dict."""
+    if not values:
+        return {}, values
+    mine = {k: v for k, v in values.items() if k.startswith(RESERVED)}
+    rest = {k: v for k, v in values.items() if not k.startswith(RESERVED)}
+    return mine, (rest or None) if mine else values
+
+
+def round_metrics(chain: "Chain | None", completed: int, numel: int,
+                  element_size: int) -> dict[str, float]:
+    """``upload_bytes`` of the round's completed clients, and the chain's own metrics."""
+    per_client = float(numel * element_size) if chain is None else chain.upload_bytes(
+        numel, element_size)
+    return {"upload_bytes": per_client * completed,
+            **({} if chain is None else chain.metrics())}
 
 
 def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[dict]:
@@ -103,17 +242,41 @@ def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[d
     return entries
 
 
+def entries_of(cfg) -> list[tuple[str, dict]]:
+    """(where, entry) of every configured step: ``aggregation.transforms``, then the
+    ``compression`` section's step."""
+    out = [(f"aggregation.transforms[{i}]", e) for i, e in enumerate(cfg.aggregation.transforms)]
+    comp = getattr(cfg, "compression", None)
+    if comp is not None:
+        from rayfl.transforms.compress import entry_of
+
+        out.append(("compression", entry_of(comp)))
+    return out
+
+
+def check_run(cfg) -> None:
+    """Every step's cross-section rules (e.g. SecAgg needs uniform weighting)."""
+    for where, entry in entries_of(cfg):
+        cls = REGISTRY[entry["name"]]
+        cls.check_config(schema.build(cls.Params, {k: v for k, v in entry.items()
+                                                   if k != "name"}, where), cfg, where)
+
+
 def transforms_from_config(cfg) -> Chain | None:
-    """The configured chain, DP-FedAvg's mechanism last when ``privacy`` is set (None: empty)."""
+    """The configured chain (None: empty): ``aggregation.transforms``, the ``compression``
+    step, DP-FedAvg's mechanism when ``privacy`` is set, and SecAgg's transport last."""
     steps = []
-    for entry in cfg.aggregation.transforms:
+    for _, entry in entries_of(cfg):
         cls = REGISTRY[entry["name"]]
         params = schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"})
-        steps.append(cls(params, cfg.seed))
+        steps.append(cls.from_run(params, cfg) if hasattr(cls, "from_run") else
+                     cls(params, cfg.seed))
     if cfg.privacy is not None:
-        from rayfl.transforms.dp import GaussianDP, GaussianDPParams
+        from rayfl.transforms.dp import GaussianDP
 
-        p = cfg.privacy
-        steps.append(GaussianDP(GaussianDPParams(p.noise_multiplier, p.clip_norm,
-                                                 cfg.clients_per_round), cfg.seed))
+        steps.append(GaussianDP.from_privacy(cfg))
+    steps = [s for s in steps if not s.transport] + [s for s in steps if s.transport]
     return Chain(steps) if steps else None
+
+
+_register_builtins()
