@@ -99,11 +99,70 @@ def component_reference(kind: str, name: str) -> str:
     return "\n".join(head + [_table(describe_fields(params, section)), ""])
 
 
+OPTIONAL_SECTIONS = ("privacy", "compression")  # sections that are off (null) by default
+
+TRANSFORMS_INTRO = """## `aggregation.transforms` entries
+
+Each entry is `{name: NAME, <keys>}`. Client sides run in list order inside the worker, then the
+`compression` step, then the `privacy` mechanism's clipping, then `secagg` (the transport);
+server sides run in reverse order on the round's sum. Every step reports the bytes a client
+uploads (`upload_bytes` per round in metrics.parquet; the virtual clock times the upload at that
+size). Error-feedback residuals are client state in the state store (checkpointed, resumed).
+SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
+clients that completed.
+"""
+
+
+def optional_sections() -> list[str]:
+    """Key tables of the sections that are null by default (``privacy``, ``compression``)."""
+    import dataclasses
+    from typing import get_args, get_type_hints
+
+    hints = get_type_hints(Config)
+    rows = []
+    for name in OPTIONAL_SECTIONS:
+        section = next(a for a in get_args(hints[name]) if dataclasses.is_dataclass(a))
+        rows += [f"## `{name}` keys", "", section.__doc__.strip(), "",
+                 _table(_expand(describe_fields(section, name), section, name)), ""]
+    return rows
+
+
+def _expand(rows, section, prefix: str):
+    """``describe_fields`` rows with optional nested sections listed key by key."""
+    import dataclasses
+    from typing import get_args, get_type_hints
+
+    out = []
+    hints = get_type_hints(section)
+    for row in rows:
+        out.append(row)
+        field_name = row[0][len(prefix) + 1:]
+        inner = [a for a in get_args(hints.get(field_name, type(None)))
+                 if dataclasses.is_dataclass(a)]
+        if inner:
+            out += describe_fields(inner[0], row[0])
+    return out
+
+
+def transform_reference() -> list[str]:
+    """One table per registered aggregation transform."""
+    from rayfl.transforms import REGISTRY
+
+    rows = [TRANSFORMS_INTRO]
+    for name, cls in sorted(REGISTRY.items()):
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        rows += [f"### `{name}`", "", " ".join(doc.split()), ""]
+        fields = describe_fields(cls.Params, "")
+        rows += [_table(fields), ""] if fields else ["(no parameters of its own)", ""]
+    return rows
+
+
 def config_reference(algorithm: str | None = None, others: dict[str, str] | None = None) -> str:
     """Markdown tables of every config key and component (and the named algorithm's, or all
     algorithms', parameters; ``others`` maps further kinds to a component name to document)."""
     parts = ["## Run config keys", "", _table(describe_fields(Config)), ""]
     if algorithm is None and not others:
+        parts += optional_sections() + transform_reference()
         for kind in ("model", "dataset", "availability"):
             parts += _components(kind)
     for name in [algorithm] if algorithm else ([] if others else registry.names("algorithm")):

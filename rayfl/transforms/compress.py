@@ -50,7 +50,7 @@ class QSGDParams:
     """Stochastic quantisation to s = 2^(bits−1) − 1 levels per sign (QSGD)."""
 
     bits: int = schema.field(8, doc="bits per coordinate, sign included: s = 2^(bits-1) - 1 "
-                                    "levels of |v_i|/‖v‖ (2: ternary)", lo=2, hi=16)
+                                    "levels of abs(v_i)/‖v‖ (2: ternary)", lo=2, hi=16)
     error_feedback: bool = schema.field(False, doc="keep what quantisation dropped as client "
                                                    "state and add it to the next update")
 

@@ -45,7 +45,8 @@ class SecAggParams:
 
 
 class SecAgg(Transform):
-    """Clip, fixed point, round, sum modulo 2^b, decode."""
+    """Secure aggregation's arithmetic: clip to S, fixed point with f fractional bits,
+    (randomised) rounding, sum modulo 2^b, decode; error ≤ m·2^−f per coordinate."""
 
     name = "secagg"
     Params = SecAggParams
