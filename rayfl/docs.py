@@ -106,8 +106,8 @@ TRANSFORMS_INTRO = """## `aggregation.transforms` entries
 Each entry is `{name: NAME, <keys>}`. Client sides run in list order inside the worker, then the
 `compression` step, then the `privacy` mechanism's clipping, then `secagg` (the transport);
 server sides run in reverse order on the round's sum. Every step reports the bytes a client
-uploads (`upload_bytes` per round in metrics.parquet; the virtual clock times the upload at that
-size). Error-feedback residuals are client state in the state store (checkpointed, resumed).
+uploads for its update (`upload_bytes` per round in metrics.parquet, an algorithm's extra
+payload not counted; the virtual clock times the upload at that size). Error-feedback residuals are client state in the state store (checkpointed, resumed).
 SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
 clients that completed.
 """

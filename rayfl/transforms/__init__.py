@@ -14,8 +14,9 @@ model (``broadcast``, e.g. an adaptive clip norm), persistent per-client vectors
 the client's state in the state store (error-feedback residuals: saved, spilled, checkpointed
 and resumed like algorithm state) and scalars summed over the round's clients into
 ``agg.extras`` (e.g. a clipped-count); server-side state of its own (``server_state``) is
-checkpointed with the run. ``upload_bytes`` is what one client would send; the chain composes
-it, it is reported as ``upload_bytes`` per round and times the upload on the virtual clock.
+checkpointed with the run. ``upload_bytes`` is what one client would send for its update Δ_i
+(an algorithm's extra payload, e.g. SCAFFOLD's Δc_i, is not counted); the chain composes it, it
+is reported as ``upload_bytes`` per round and times the upload on the virtual clock.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ class Transform:
     def check_config(cls, params: Any, cfg, where: str) -> None:
         """Cross-section rules for a run (ConfigError naming the key)."""
 
+    @classmethod
+    def from_run(cls, params: Any, cfg) -> "Transform":
+        """The step of a run (a step may fill defaults from the run's config)."""
+        return cls(params, cfg.seed)
+
 
 class Identity(Transform):
     """Leaves every update and the sum unchanged."""
@@ -145,7 +151,6 @@ class Chain:
 
     def __init__(self, steps: list[Transform]):
         self.steps = steps
-        self.last_count = 0
 
     def _key(self, i: int, name: str) -> str:
         return f"{RESERVED}{i}_{name}"
@@ -177,7 +182,7 @@ class Chain:
                 for k, v in step.broadcast(t).items()}
 
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
-        self.last_count = agg.count
+        """The round's aggregate through every step's server side, last step first."""
         mine = {k: v for k, v in agg.extras.items() if k.startswith(RESERVED)}
         agg = dataclasses.replace(agg, extras={k: v for k, v in agg.extras.items()
                                                if not k.startswith(RESERVED)})
@@ -269,8 +274,7 @@ def transforms_from_config(cfg) -> Chain | None:
     for _, entry in entries_of(cfg):
         cls = REGISTRY[entry["name"]]
         params = schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"})
-        steps.append(cls.from_run(params, cfg) if hasattr(cls, "from_run") else
-                     cls(params, cfg.seed))
+        steps.append(cls.from_run(params, cfg))
     if cfg.privacy is not None:
         from rayfl.transforms.dp import GaussianDP
 
