@@ -75,6 +75,8 @@ class Server:
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
         self.log = MetricsLog(run_dir, cfg)
+        # client-state versions a kept checkpoint refers to: never deleted (rayfl fork)
+        self.pinned = checkpoint.pinned_versions(self.location) if resume else set()
         self.progress_rows: list[dict] = []
         self.stop_requested = False
         if resume:
@@ -99,7 +101,7 @@ class Server:
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
-        checkpoint.prune_state(self.state_root, self.loop.versions)
+        checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -131,7 +133,8 @@ class Server:
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
-            if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause:
+            if (t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause
+                    or t + 1 in cfg.checkpoint.keep):
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
@@ -219,11 +222,16 @@ class Server:
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
+        keep = t + 1 in self.cfg.checkpoint.keep
         checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
-            "elapsed": elapsed})
-        state_store.delete_versions(self.state_root, self.loop.superseded)
+            "elapsed": elapsed}, keep=keep)
+        if keep:
+            v = self.loop.versions
+            self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))
+        state_store.delete_versions(self.state_root,
+                                    [p for p in self.loop.superseded if p not in self.pinned])
         self.loop.superseded = []
 
     def _final_model(self) -> np.ndarray:
