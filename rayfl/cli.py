@@ -1,6 +1,7 @@
 """rayfl: federated learning simulations on Ray.
 
-Commands: run, resume, compare, analyze, tune, keys, data, algorithms (``rayfl COMMAND --help``).
+Commands: run, resume, fork, compare, analyze, tune, keys, data, algorithms
+(``rayfl COMMAND --help``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ def _cmd_resume(args) -> int:
     from rayfl.simulation import resume
 
     result = resume(args.run_dir, quiet=args.quiet, max_rounds=args.max_rounds)
+    _print_summary(result.summary)
+    print(result.run_dir)
+    return DIVERGED if result.summary.get("diverged") else 0
+
+
+def _cmd_fork(args) -> int:
+    from rayfl.fork import fork
+
+    result = fork(args.run_dir, args.at, args.overrides, run_dir=args.new_run_dir,
+                  quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
     return DIVERGED if result.summary.get("diverged") else 0
@@ -206,6 +217,17 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--max-rounds", type=int, help="pause after this many more rounds")
     s.set_defaults(fn=_cmd_resume)
+    f = sub.add_parser("fork", help="a new run from a kept checkpoint of a run, with overrides")
+    f.add_argument("run_dir", help="the run to branch from (only read)")
+    f.add_argument("--at", type=int, required=True,
+                   help="the round (1-based) of a kept checkpoint (checkpoint.keep)")
+    f.add_argument("overrides", nargs="*", help="dotted overrides from that round on, e.g. "
+                                                "ima.window=5 algorithm.server_lr=0.5")
+    f.add_argument("--run-dir", dest="new_run_dir",
+                   help="the new run's directory (default: <output_dir>/<name>-fork<N>-<time>)")
+    f.add_argument("--quiet", action="store_true")
+    f.add_argument("--max-rounds", type=int, help="pause after this many rounds (resumable)")
+    f.set_defaults(fn=_cmd_fork)
     c = sub.add_parser("compare", help="run several algorithms on the same data and sampling")
     c.add_argument("config")
     c.add_argument("overrides", nargs="*")

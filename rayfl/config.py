@@ -306,6 +306,10 @@ class CheckpointConfig:
     """Checkpoints for resume."""
 
     every: int = field(1, doc="checkpoint every this many rounds (and the last)", lo=1)
+    keep: list[int] = field(factory=list, doc="rounds (1-based) whose checkpoints are kept as "
+                                              "checkpoints/round-NNNNN.pt, with the client state "
+                                              "they refer to, so `rayfl fork RUN_DIR --at N` can "
+                                              "branch a new run from them")
 
 
 @dataclass(frozen=True)
@@ -396,10 +400,12 @@ class Config:
         if self.clients_per_round > trainable:
             raise ConfigError("clients_per_round", self.clients_per_round,
                               f"at most data.num_clients - data.validation_clients = {trainable}")
-        bad = [r for r in self.keep.rounds if not 1 <= r <= self.rounds]
-        if bad:
-            raise ConfigError("keep.rounds", bad[0], f"a round in [1, {self.rounds}] (rounds "
-                                                     f"count from 1)")
+        for key, rounds in (("keep.rounds", self.keep.rounds),
+                            ("checkpoint.keep", self.checkpoint.keep)):
+            bad = [r for r in rounds if not 1 <= r <= self.rounds]
+            if bad:
+                raise ConfigError(key, bad[0], f"a round in [1, {self.rounds}] (rounds count "
+                                               f"from 1)")
         if self.runtime.num_actors > self.runtime.logical_shards:
             raise ConfigError("runtime.num_actors", self.runtime.num_actors,
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")

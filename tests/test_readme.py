@@ -25,6 +25,7 @@ from tests.conftest import ROOT, TINY
 SHORT = {
     "run": ["rounds=3", "runtime.cpus_per_actor=0.5"],
     "resume": [],
+    "fork": [],
     "compare": ["rounds=2", "runtime.num_actors=1"],
     "tune": ["trials=2", "parallel=1", "overrides=[algorithm.name=adabest,"
              "data.validation_clients=4,runtime.num_actors=1]"],

@@ -209,6 +209,15 @@ class Algorithm:
         average of the client models fed to an adaptive server optimizer (``target``)."""
         return "target" if self.server_opt.adaptive else "output"
 
+    def fork_state(self, state: State, next_round: int, source: "Algorithm") -> State:
+        """The server state a run forked from ``source``'s checkpoint continues with, from round
+        ``next_round`` on (``rayfl fork``); ValueError saying why when it cannot continue."""
+        expected = sorted(self.server_init(state["x"]))
+        if sorted(state) != expected:
+            raise ValueError(f"a server state with keys {expected} (the checkpoint holds "
+                             f"{sorted(state)}: another algorithm or server optimizer)")
+        return state
+
     def reset_server_opt(self, state: State) -> State:
         """``state`` with the server optimizer restarted (IMA's moment reset)."""
         return {**state, **self.server_opt.restart(state["x"])}

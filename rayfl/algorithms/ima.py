@@ -120,6 +120,24 @@ class IMA:
         return {**new, _BUF: buf, **own}, {**metrics, "ima_active": float(self.active(t)),
                                            "ima_window_len": float(len(buf))}
 
+    def fork_state(self, state: State, next_round: int, source: Algorithm) -> State:
+        """A fork keeps the inner's state; the window must hold the outputs IMA needs before
+        ``next_round``: none (the fork precedes t_s − P + 1), or the source's own window."""
+        src_ima = source if isinstance(source, IMA) else None
+        inner = self.inner.fork_state(self._inner(state), next_round,
+                                      source.inner if src_ima else source)
+        need = max(0, next_round - max(self.t_s - self.window + 1, next_round - self.window))
+        if need == 0:
+            return {**inner, _BUF: state["x"].new_zeros((0, state["x"].numel()))}
+        buf = state.get(_BUF)
+        if src_ima is None or src_ima.average != self.average or buf is None or len(buf) < need:
+            raise ValueError(
+                f"the {need} output(s) of the rounds before the fork in IMA's window (start "
+                f"{self.t_s}, window {self.window}); the checkpoint holds "
+                f"{0 if buf is None else len(buf)}: fork at a round ≤ "
+                f"{self.t_s - self.window + 1}, or from a run with the same ima settings")
+        return {**inner, _BUF: buf[len(buf) - need:]}
+
     def extra_models(self, state: State) -> dict[str, Vec]:
         """The inner's extras, plus its un-averaged output (``ima_inner``) once IMA is on."""
         out = dict(self.inner.extra_models(self._inner(state)))

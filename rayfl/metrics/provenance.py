@@ -46,8 +46,9 @@ def config_hash(cfg) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def record(run_dir: str, cfg) -> dict:
-    """Write (or, on resume, extend) ``provenance.json``; returns its content."""
+def record(run_dir: str, cfg, forked_from: dict | None = None) -> dict:
+    """Write (or, on resume, extend) ``provenance.json``; returns its content. ``forked_from``:
+    the run directory and round a fork started from (kept on later resumes)."""
     import rayfl
 
     path = os.path.join(run_dir, PROVENANCE)
@@ -61,6 +62,8 @@ def record(run_dir: str, cfg) -> dict:
         "config_sha256": config_hash(cfg),
         "command_lines": [*old.get("command_lines", []), " ".join(sys.argv)],
     }
+    if forked_from or "forked_from" in old:
+        info["forked_from"] = forked_from or old["forked_from"]
     from rayfl.metrics.log import write_json
 
     write_json(info, path)

@@ -8,7 +8,10 @@ tensors, a JSON text describing everything else (numbers, strings, lists, dicts,
 references to the tensors) and a SHA-256 over both, read back with ``torch.load(...,
 weights_only=True)``. A truncated, corrupted or foreign file is a :class:`ConfigError` naming it.
 It lives at ``<location>/checkpoints/checkpoint.pt``, where the location is the run's storage
-(the run directory, or an object-store URI; see :mod:`rayfl.runtime.storage`).
+(the run directory, or an object-store URI; see :mod:`rayfl.runtime.storage`). Checkpoints of
+the rounds in ``checkpoint.keep`` are also kept as ``checkpoints/round-NNNNN.pt`` (1-based), and
+the client-state versions they refer to are pinned: never deleted as superseded, so ``rayfl
+fork`` can branch from them.
 """
 
 from __future__ import annotations
@@ -126,19 +129,56 @@ def decode(data: bytes, where: str) -> dict:
     return _decode(json.loads(text), tensors)
 
 
-def save(location: str, payload: dict) -> None:
-    """Write the checkpoint atomically (a crash leaves the previous one intact)."""
-    Storage(location).write_with(NAME, _writer(payload), durable=True)
+def kept_name(round_: int) -> str:
+    """The kept checkpoint of 1-based round ``round_`` (relative to the run's location)."""
+    return f"checkpoints/round-{round_:05d}.pt"
 
 
-def load(location: str) -> dict:
-    """The last committed checkpoint under ``location``."""
+def save(location: str, payload: dict, keep: bool = False) -> None:
+    """Write the checkpoint atomically (a crash leaves the previous one intact); ``keep``: also
+    as the kept checkpoint of its round (written first, so the latest never lags it)."""
+    storage, writer = Storage(location), _writer(payload)
+    if keep:
+        storage.write_with(kept_name(payload["round"] + 1), writer, durable=True)
+    storage.write_with(NAME, writer, durable=True)
+
+
+def load(location: str, name: str = NAME) -> dict:
+    """The last committed checkpoint under ``location`` (or the one called ``name``)."""
     storage = Storage(location)
     try:
-        data = storage.read(NAME)
+        data = storage.read(name)
     except FileNotFoundError:
-        raise ConfigError("checkpoint", storage.path(NAME), "an existing checkpoint") from None
-    return decode(data, storage.path(NAME))
+        raise ConfigError("checkpoint", storage.path(name), "an existing checkpoint") from None
+    return decode(data, storage.path(name))
+
+
+def kept_rounds(location: str) -> list[int]:
+    """The 1-based rounds with a kept checkpoint under ``location``."""
+    out = []
+    for name in Storage(location).files():
+        stem = name.rpartition("/")[2]
+        if stem.startswith("round-") and stem.endswith(".pt") and stem[6:-3].isdigit():
+            out.append(int(stem[6:-3]))
+    return sorted(out)
+
+
+def load_kept(location: str, round_: int) -> dict:
+    """The kept checkpoint of 1-based round ``round_``; a clear error naming the kept rounds."""
+    kept = kept_rounds(location)
+    if round_ not in kept:
+        raise ConfigError("--at", round_, "a round with a kept checkpoint (kept: " + (
+            ", ".join(map(str, kept)) or "none; set checkpoint.keep in the run's config") + ")")
+    return load(location, kept_name(round_))
+
+
+def pinned_versions(location: str) -> set[tuple[int, int]]:
+    """(client, version) of every client state a kept checkpoint refers to."""
+    pinned: set[tuple[int, int]] = set()
+    for r in kept_rounds(location):
+        versions = load(location, kept_name(r))["versions"]
+        pinned.update((int(c), int(versions[c])) for c in np.flatnonzero(versions >= 0))
+    return pinned
 
 
 def verify(location: str) -> None:
@@ -157,6 +197,6 @@ def exists(location: str) -> bool:
     return Storage(location).exists(NAME)
 
 
-def prune_state(state_root: str, versions) -> int:
-    """Drop client-state files the checkpoint does not reference (written after it)."""
-    return prune_after(state_root, versions)
+def prune_state(state_root: str, versions, pinned: set[tuple[int, int]] = frozenset()) -> int:
+    """Drop client-state files neither the checkpoint nor a kept one references."""
+    return prune_after(state_root, versions, pinned)

@@ -79,6 +79,8 @@ class Server:
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
         self.log = MetricsLog(run_dir, cfg)
+        # client-state versions a kept checkpoint refers to: never deleted (rayfl fork)
+        self.pinned = checkpoint.pinned_versions(self.location) if resume else set()
         self.progress_rows: list[dict] = []
         self.stop_requested = False
         if resume:
@@ -105,7 +107,7 @@ class Server:
         self.log.truncate(ck["round"])
         if self.loop.transforms is not None:  # e.g. the adaptive clip norm
             self.loop.transforms.load_server_state(ck.get("transforms"))
-        checkpoint.prune_state(self.state_root, self.loop.versions)
+        checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -137,7 +139,8 @@ class Server:
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
-            if t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause:
+            if (t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause
+                    or t + 1 in cfg.checkpoint.keep):
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
@@ -225,13 +228,18 @@ class Server:
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
+        keep = t + 1 in self.cfg.checkpoint.keep
         checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed,
             "transforms": None if self.loop.transforms is None else
-            self.loop.transforms.server_state()})
-        state_store.delete_versions(self.state_root, self.loop.superseded)
+            self.loop.transforms.server_state()}, keep=keep)
+        if keep:
+            v = self.loop.versions
+            self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))
+        state_store.delete_versions(self.state_root,
+                                    [p for p in self.loop.superseded if p not in self.pinned])
         self.loop.superseded = []
 
     def _final_model(self) -> np.ndarray:

@@ -125,8 +125,10 @@ def clear(root: str) -> None:
     Storage(root).clear()
 
 
-def prune_after(root: str, versions: np.ndarray) -> int:
-    """After a resume: delete every file that is not the checkpoint's version of its client.
+def prune_after(root: str, versions: np.ndarray,
+                pinned: set[tuple[int, int]] = frozenset()) -> int:
+    """After a resume: delete every file that is not the checkpoint's version of its client
+    (nor ``pinned`` by a kept checkpoint).
 
     Raises :class:`ConfigError` when a version the checkpoint refers to is missing (the run
     would otherwise continue from a silently lost state).
@@ -136,6 +138,8 @@ def prune_after(root: str, versions: np.ndarray) -> int:
         parsed = parse_version(os.path.basename(name))
         if parsed is not None and parsed[0] < len(versions) and versions[parsed[0]] == parsed[1]:
             present.add(parsed[0])
+            continue
+        if parsed in pinned:
             continue
         storage.delete(name)  # superseded, written after the checkpoint, or a torn write
         removed += 1

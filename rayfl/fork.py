@@ -1,0 +1,122 @@
+"""``rayfl fork``: a new run that starts from a kept checkpoint of another run.
+
+The fork copies what the source run had after round N (server state, the client-state versions
+its checkpoint refers to, the metrics rows up to N, the virtual clock; the sampler is a function
+of the seed and the round) into a new run directory and continues from round N + 1 under a
+config with the user's overrides. Without overrides it finishes with the source's
+``model_sha256``; with them it shares the source's first N rounds instead of recomputing them
+(an IMA ablation branching at t_s saves t_s / R of the run). Keys that shape those first rounds'
+state cannot change (:data:`FIXED`), and the algorithm must be able to continue from the
+checkpoint's server state (:meth:`rayfl.algorithms.base.Algorithm.fork_state`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rayfl import algorithms, rundir
+from rayfl import config as config_mod
+from rayfl.config import ConfigError
+from rayfl.metrics import provenance
+from rayfl.runtime import checkpoint, storage
+from rayfl.runtime.state_store import state_name
+from rayfl.runtime.storage import Storage
+from rayfl.simulation import (RunResult, _check_local_ray, _check_max_rounds, _ensure_ray,
+                              _execute, _prepare, new_run_dir)
+
+#: config keys a fork cannot change: they shape the data, the model and the state it inherits
+FIXED = ("data.", "model.", "algorithm.name", "privacy.", "seed")
+
+
+def fork_config(source_dir: str, at: int, overrides: list[str] | None):
+    """(source config, fork config) after the checks that need no data or Ray."""
+    path = os.path.join(source_dir, "config.yaml")
+    if not os.path.isfile(path):
+        raise ConfigError("RUN_DIR", source_dir, "a run directory holding config.yaml")
+    source = config_mod.load(path)
+    if isinstance(at, bool) or not isinstance(at, int) or not 1 <= at < source.rounds:
+        raise ConfigError("--at", at, f"a round in [1, {source.rounds - 1}] with a kept "
+                                      "checkpoint (checkpoint.keep in the run's config)")
+    overrides = list(overrides or [])
+    if not any(o.split("=", 1)[0].strip() == "name" for o in overrides):
+        overrides.append(f"name={source.name}-fork{at}")
+    cfg = config_mod.load(config_mod.to_dict(source), overrides)
+    old = rundir.result_keys(config_mod.to_dict(source))
+    new = rundir.result_keys(config_mod.to_dict(cfg))
+    changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
+                     and any(k == f or k.startswith(f) for f in FIXED))
+    if changed:
+        raise ConfigError(", ".join(changed), new.get(changed[0]),
+                          f"the source run's value {old.get(changed[0])!r} (a fork keeps data, "
+                          "model, algorithm.name, privacy and seed; start a new run instead)")
+    if cfg.rounds <= at:
+        raise ConfigError("rounds", cfg.rounds, f"more than the fork round {at}")
+    return source, cfg
+
+
+def fork(source_dir: str, at: int, overrides: list[str] | None = None,
+         run_dir: str | None = None, quiet: bool = False, max_rounds: int | None = None,
+         on_round=None) -> RunResult:
+    """Branch a new run from ``source_dir``'s kept checkpoint of 1-based round ``at``.
+
+    Every check (config, kept checkpoint, client-state files, the algorithm's ability to
+    continue) runs before the new run directory is created; the source run is only read.
+    """
+    source_dir = os.path.abspath(source_dir)
+    source, cfg = fork_config(source_dir, at, overrides)
+    _check_max_rounds(max_rounds)
+    _check_local_ray(cfg)
+    src_location = storage.run_location(source, source_dir)
+    ck = checkpoint.load_kept(src_location, at)
+    src_state = Storage(storage.state_root(source, source_dir))
+    versions = ck["versions"]
+    missing = [int(c) for c in np.flatnonzero(versions >= 0)
+               if not src_state.exists(state_name(int(c), int(versions[c])))]
+    if missing:
+        raise ConfigError("client state", src_state.path(state_name(missing[0], int(
+            versions[missing[0]]))), f"the file the kept checkpoint refers to ({len(missing)} "
+                                     "missing: deleted, or the run's storage moved)")
+    run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
+    rundir.check_new(run_dir)
+    storage.check_new_run(cfg, run_dir)
+    handle = _prepare(cfg)
+    algorithm = algorithms.build(cfg, handle.num_clients)
+    try:
+        ck["state"] = algorithm.fork_state(ck["state"], at,
+                                           algorithms.build(source, handle.num_clients))
+    except ValueError as e:
+        raise ConfigError("--at", at, str(e)) from None
+    _ensure_ray(cfg)
+    rundir.check_new(run_dir)
+    os.makedirs(run_dir, exist_ok=True)
+    lock = rundir.Lock(run_dir)
+    try:
+        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
+        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))
+        _copy_prefix(source, source_dir, cfg, run_dir, ck)
+        provenance.record(run_dir, cfg, forked_from={"run_dir": source_dir, "round": at})
+        return _execute(cfg, handle, run_dir, True, quiet, max_rounds, on_round)
+    finally:
+        lock.release()
+
+
+def _copy_prefix(source, source_dir: str, cfg, run_dir: str, ck: dict) -> None:
+    """The source's client states of the checkpoint, its metrics rows and the checkpoint itself,
+    written into the new run (the checkpoint last: it is what makes the directory resumable)."""
+    src_state = Storage(storage.state_root(source, source_dir))
+    dst_state = Storage(storage.state_root(cfg, run_dir))
+    versions = ck["versions"]
+    for c in np.flatnonzero(versions >= 0):
+        name = state_name(int(c), int(versions[c]))
+        dst_state.write(name, src_state.read(name))
+    metrics = os.path.join(source_dir, "metrics.parquet")
+    if os.path.isfile(metrics):
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(metrics)
+        pq.write_table(table.filter(pc.less_equal(table["round"], ck["round"] + 1)),
+                       os.path.join(run_dir, "metrics.parquet"))
+    checkpoint.save(storage.run_location(cfg, run_dir), ck)
