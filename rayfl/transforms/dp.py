@@ -135,4 +135,5 @@ class GaussianDP(Transform):
         return {"clip_norm": self.clip, "used": self.used}
 
     def load_server_state(self, state: dict) -> None:
-        self.clip, self.used = float(state["clip_norm"]), float(state["used"])
+        if "clip_norm" in state:  # (a fork may put the mechanism where another step was)
+            self.clip, self.used = float(state["clip_norm"]), float(state["used"])
