@@ -31,7 +31,7 @@ for name, r in rows("dp-").items():
     ef, af = at(len(r))
     clip = r[-1].get("dp_clip_norm")
     print(f"| {name} | {len(r)} | {e50} | {a50} | {e100} | {a100} | {ef} | {af} |"
-          + (ff" (final clip {clip:.3g})" if clip is not None and "adaptive" in name else ""))
+          + (f" (final clip {clip:.3g})" if clip is not None and "adaptive" in name else ""))
 
 print("\n## Compression, Fashion-MNIST, 1,000 clients, 100 a round, logreg (7,850 parameters)\n")
 print("| run | bytes / client / round | total uploaded (MB) | acc @ 60 | acc @ 100 | acc final | MB to reach 70% |")
