@@ -191,9 +191,9 @@ HETERO = ["aggregation.mode=fedbuff", "aggregation.concurrency=8", "aggregation.
           "availability.dropout=0.2", "rounds=5"]
 
 
-def test_fedbuff_same_bytes_for_1_and_2_actors(ray_local, tiny):
+def test_fedbuff_same_bytes_for_1_2_and_4_actors(ray_local, tiny):
     hashes, stale = set(), 0
-    for actors in (1, 2):
+    for actors in (1, 2, 4):
         res = rayfl.run(TINY, tiny + HETERO + [f"runtime.num_actors={actors}",
                                                "runtime.cpus_per_actor=0.5"], quiet=True)
         hashes.add(res.summary["model_sha256"])
@@ -242,3 +242,14 @@ def test_fedasync_buffer_size_and_accepted_algorithms():
     for name in ("fedavg", "fedavgm", "fedadam", "fedprox"):
         config.load(TINY, ["aggregation.mode=fedbuff", f"algorithm.name={name}"])
     config.load(TINY, ["aggregation.mode=fedbuff", "server_opt.name=momentum"])
+
+
+def test_timeline_reads_time_to_target_and_staleness():
+    from rayfl.metrics.timeline import staleness_histogram, table, time_to
+
+    rows = [{"virtual_time_s": 10.0, "test_accuracy": 0.5, "staleness_hist": [2, 1]},
+            {"virtual_time_s": 20.0, "test_accuracy": None, "staleness_hist": [1, 0, 2]},
+            {"virtual_time_s": 30.0, "test_accuracy": 0.75, "staleness_hist": [3]}]
+    assert time_to(rows, 0.7) == 30.0 and time_to(rows, 0.8) is None
+    assert staleness_histogram(rows).tolist() == [6, 1, 2]
+    assert "| a | 3 | 0.008 | 75.00 | 0.008 | — | 0.56 |" in table({"a": rows}, [0.7, 0.8])
