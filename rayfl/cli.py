@@ -1,6 +1,6 @@
 """rayfl: federated learning simulations on Ray.
 
-Commands: run, resume, fork, compare, analyze, tune, keys, data, algorithms
+Commands: run, resume, fork, compare, analyze, tune, keys, data, timeline, algorithms
 (``rayfl COMMAND --help``).
 """
 
@@ -96,6 +96,22 @@ def dry_run(source, overrides, entries: list[str] | None = None,
     print("# partition: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                                       for k, v in head.items()))
     print("dry run: config valid; nothing started")
+    return 0
+
+
+def _cmd_timeline(args) -> int:
+    from rayfl.metrics.timeline import timeline
+
+    try:
+        targets = [float(v) for v in args.targets.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("--targets", args.targets, "comma-separated accuracies in [0, 1]") \
+            from None
+    if not targets or not all(0 <= t <= 1 for t in targets):
+        raise ConfigError("--targets", args.targets, "comma-separated accuracies in [0, 1]")
+    path, text = timeline(args.run_dirs, args.out, targets)
+    print(text, end="")
+    print(path)
     return 0
 
 
@@ -266,6 +282,13 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--rounds", type=int, help="rounds of regime drift to show (default: rounds)")
     d.add_argument("--max-clients", type=int, default=100, help="clients in the heat map")
     d.set_defaults(fn=_cmd_data)
+    m = sub.add_parser("timeline", help="accuracy against virtual time and staleness of "
+                                        "several runs (sync vs fedbuff/fedasync)")
+    m.add_argument("run_dirs", nargs="+", help="run directories")
+    m.add_argument("--out", help="PNG path (default: <first run>/timeline.png)")
+    m.add_argument("--targets", default="0.7,0.8", help="test accuracies to report the virtual "
+                                                        "time to (default 0.7,0.8)")
+    m.set_defaults(fn=_cmd_timeline)
     a = sub.add_parser("algorithms", help="list the algorithms")
     a.set_defaults(fn=_cmd_algorithms)
     return p

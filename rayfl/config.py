@@ -138,7 +138,7 @@ class LocalConfig:
 
 @dataclass(frozen=True)
 class AggregationConfig:
-    """How client updates are weighted."""
+    """How client updates are weighted, and when the server applies them."""
 
     weighting: Literal["auto", "samples", "uniform", "degree"] = field(
         "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi only); "
@@ -148,11 +148,39 @@ class AggregationConfig:
         factory=list, doc="aggregation transforms applied in order to each client update and "
                           "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
                           "`rayfl keys`: identity, clip, qsgd, topk, randk, secagg)")
+    mode: Literal["sync", "fedbuff", "fedasync"] = field(
+        "sync", doc="sync: synchronous rounds; fedbuff: event-driven on the virtual clock, the "
+                    "server steps every buffer_size arrivals (Nguyen et al. 2022); fedasync: it "
+                    "mixes in every arrival, x ← (1 − α_t) x + α_t y (Xie et al. 2019); in both "
+                    "async modes `rounds` counts server updates")
+    concurrency: Optional[int] = field(
+        None, doc="fedbuff/fedasync: clients training at once (a freed slot is refilled at "
+                  "once from the online clients not in flight); null: clients_per_round", lo=1)
+    buffer_size: Optional[int] = field(
+        None, doc="fedbuff: arrivals per server update K (null: clients_per_round); fedasync: "
+                  "1 (null or 1)", lo=1)
+    staleness: Literal["constant", "polynomial", "hinge"] = field(
+        "polynomial", doc="fedbuff/fedasync: staleness weight s(τ), τ = server updates since the "
+                          "client's model was sent: constant 1; polynomial (1 + τ)^−a; hinge 1 "
+                          "for τ ≤ b, else 1/(a (τ − b) + 1)")
+    staleness_a: float = field(0.5, doc="a of the polynomial and hinge staleness weights",
+                               lo=0.0)
+    staleness_b: int = field(4, doc="b of the hinge staleness weight (updates this stale or "
+                                    "fresher weigh 1)", lo=0)
+    max_staleness: Optional[int] = field(
+        None, doc="fedbuff/fedasync: discard arrivals staler than this many server updates "
+                  "(counted as `discarded`); null: keep all", lo=0)
+    mixing: float = field(0.6, doc="fedasync: α, the mixing weight α_t = α·s(τ) of an arrival "
+                                   "(the server step x ← x − η_g α_t (x − y) is the mixing at "
+                                   "η_g = 1)", lo=0.0, hi=1.0, lo_open=True)
 
     def check(self, prefix: str) -> None:
         from rayfl.transforms import validate
 
         validate(self.transforms, f"{prefix}.transforms")
+        if self.mode == "fedasync" and self.buffer_size not in (None, 1):
+            raise ConfigError(f"{prefix}.buffer_size", self.buffer_size,
+                              "null or 1 with mode fedasync (it applies every arrival)")
 
 
 @dataclass(frozen=True)
@@ -426,7 +454,16 @@ def from_dict(raw: dict) -> Config:
     from rayfl.transforms import check_run
 
     check_run(cfg)
+    check_asynchronous(cls, cfg)
     return cfg
+
+
+def check_asynchronous(cls, cfg: Config) -> None:
+    """FedBuff/FedAsync only where their math holds (:mod:`rayfl.runtime.async_loop`)."""
+    if cfg.aggregation.mode != "sync":
+        from rayfl.runtime.async_loop import check_config
+
+        check_config(cls, cfg)
 
 
 def check_server_opt(cls, cfg: Config) -> None:

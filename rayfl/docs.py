@@ -46,7 +46,8 @@ PROBES = [("sgd", {}), ("sgd + momentum", {"local": {"momentum": 0.9}}),
           ("clip_norm", {"local": {"clip_norm": 1.0}}), ("adam", {"local": {"optimizer": "adam"}}),
           ("samples", {"aggregation": {"weighting": "samples"}}),
           ("uniform", {"aggregation": {"weighting": "uniform"}}),
-          ("degree", {"aggregation": {"weighting": "degree"}}), ("ima", {"ima": {}})]
+          ("degree", {"aggregation": {"weighting": "degree"}}), ("ima", {"ima": {}}),
+          ("fedbuff/fedasync", {"aggregation": {"mode": "fedbuff"}})]
 
 COMBINATIONS_INTRO = """## Option combinations
 
@@ -57,6 +58,7 @@ decay adds wd·y, the algorithm's correction is added, and SGD (heavy-ball momen
 on the sum, so `clip_norm` never rescales an algorithm's correction. `auto` is the weighting of
 the algorithm's paper. IMA averages the inner algorithm's `x` after its server update (FedAdam,
 FedYogi, FedAdagrad: the client-average target fed to the server optimiser) and deploys the mean.
+`fedbuff/fedasync` is `aggregation.mode` (the same algorithms accept both event-driven modes).
 """
 
 

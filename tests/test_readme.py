@@ -36,6 +36,7 @@ SHORT = {
     "analyze regimes": ["rounds=2", "runtime.num_actors=1", "--quiet"],
     "data": ["--rounds", "2"],
     "keys": [],
+    "timeline": [],
     "algorithms": [],
 }
 # The comparison over many algorithms or seeds is validated only (the first runs for real).

@@ -49,6 +49,8 @@ class AdaBest(Algorithm):
     """Client state ``h`` (h_i) and ``t_last`` (t_i'); server state ``x_bar`` (x̄) and ``h``."""
 
     name = "adabest"
+    synchronous_reason = ("h_i decays by the rounds since the client last trained, and the "
+                          "server's h differences consecutive round means x̄")
     Params = AdaBestParams
     paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
     dp_post_processing = True  # x̄ = x − Δ̄; h_i never leaves the client

@@ -129,6 +129,12 @@ class Algorithm:
     #: the server update reads only Δ̄ (no per-client payload or second moments), so it is
     #: post-processing of DP-FedAvg's noised mean (``privacy`` section)
     dp_post_processing: ClassVar[bool] = False
+    #: the math holds when clients start from different past models and the server applies
+    #: them as they arrive (``aggregation.mode`` fedbuff/fedasync): stateless clients and a
+    #: server update that reads only Δ̄
+    asynchronous_ok: ClassVar[bool] = False
+    #: why ``aggregation.mode`` fedbuff/fedasync is refused (when ``asynchronous_ok`` is False)
+    synchronous_reason: ClassVar[str] = "its math assumes synchronous rounds"
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
                  local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):

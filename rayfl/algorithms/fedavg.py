@@ -12,3 +12,4 @@ class FedAvg(Algorithm):
     name = "fedavg"
     accepts_server_opt = True
     dp_post_processing = True
+    asynchronous_ok = True  # FedBuff and FedAsync are defined on it

@@ -47,6 +47,8 @@ class FedDyn(Algorithm):
     """Client state ``g_hat`` (ĝ_i); server state ``h``."""
 
     name = "feddyn"
+    synchronous_reason = ("its server h and each client's ĝ_i follow the drift y_i − x_t of "
+                          "synchronous rounds: h sums one round's clients against the same x_t")
     Params = FedDynParams
     client_state_keys = ("g_hat",)
     accepts_server_opt = True

@@ -35,6 +35,8 @@ class FedEve(Algorithm):
     """Server state: x (x_t), M, s. Broadcast is the prediction ŵ."""
 
     name = "fedeve"
+    synchronous_reason = ("its Kalman filter models the period drift between consecutive rounds' "
+                          "mean updates")
     Params = FedEveParams
 
     @classmethod

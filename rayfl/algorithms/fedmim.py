@@ -114,6 +114,8 @@ class FedMIM(Algorithm):
     """Server state ``x`` plus, by history mode, the increments (broadcast) or the last K."""
 
     name = "fedmim"
+    synchronous_reason = ("its inertial step is built from increments between consecutive "
+                          "synchronous global models")
     Params = FedMIMParams
     paper_weighting = "uniform"
 

@@ -169,6 +169,7 @@ class FedMSI(Algorithm):
     """Server state: x, x_0, the graph (dense ``msi_A`` or CSR), degrees, last round's models."""
 
     name = "fedmsi"
+    synchronous_reason = "its anchors are the final models of the previous round's participants"
     Params = FedMSIParams
     accepts_server_opt = True
     paper_weighting = "degree"

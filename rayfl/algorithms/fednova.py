@@ -32,6 +32,8 @@ class FedNova(Algorithm):
     """Normalised averaging; stateless clients and server (beyond x)."""
 
     name = "fednova"
+    synchronous_reason = ("τ_eff = Σ p_i a_i normalises one round's updates, all started from the "
+                          "same x_t")
     Params = FedNovaParams
 
     @classmethod

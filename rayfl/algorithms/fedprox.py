@@ -39,6 +39,7 @@ class FedProx(Algorithm):
     Params = FedProxParams
     accepts_server_opt = True
     dp_post_processing = True  # the proximal term is the client's own computation
+    asynchronous_ok = True  # FedAsync's local objective is this proximal one
 
     @classmethod
     def search_space(cls) -> dict[str, dict]:

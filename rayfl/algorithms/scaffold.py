@@ -48,6 +48,8 @@ class Scaffold(Algorithm):
     """Client state ``c`` (c_i); server state ``c``; payload ``dc`` = Σ Δc_i."""
 
     name = "scaffold"
+    synchronous_reason = ("its server variate c is updated by the mean Δc_i of one round, every "
+                          "c_i⁺ measured from the same x_t and c")
     Params = ScaffoldParams
     client_state_keys = ("c",)
     accepts_server_opt = True

@@ -23,7 +23,7 @@ from rayfl.availability import make_sampler
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
-from rayfl.runtime import checkpoint, state_store, storage
+from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
@@ -74,6 +74,7 @@ class Server:
                                    cfg.runtime.max_actor_restarts)
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
                               chain)
+        self.asynchronous = async_loop.for_server(cfg, self.algorithm, self.loop, self.sampler)
         reader = handle.open()
         self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
         if handle.num_validation_clients:
@@ -108,6 +109,8 @@ class Server:
         if self.loop.transforms is not None:  # e.g. the adaptive clip norm
             self.loop.transforms.load_server_state(ck.get("transforms"))
         checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
+        if self.asynchronous is not None:
+            self.asynchronous.loop.restore(ck["asynchronous"])
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -155,7 +158,9 @@ class Server:
         return self.log.finish(self._final_model())
 
     def round(self, t: int) -> dict:
-        """One communication round; returns its metrics row."""
+        """One communication round (in async modes: one server update); returns its row."""
+        if self.asynchronous is not None:
+            return self.asynchronous.round(self, t)
         tick = time.perf_counter()
         plan = self.sampler.plan(t, self.virtual_time)
         lr = self.algorithm.local_lr(t, self.cfg.local.lr, self.cfg.local.lr_decay)
@@ -234,7 +239,9 @@ class Server:
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed,
             "transforms": None if self.loop.transforms is None else
-            self.loop.transforms.server_state()}, keep=keep)
+            self.loop.transforms.server_state(),
+            "asynchronous": None if self.asynchronous is None else
+            self.asynchronous.loop.snapshot()}, keep=keep)
         if keep:
             v = self.loop.versions
             self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))

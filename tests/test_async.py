@@ -1,0 +1,255 @@
+"""FedBuff and FedAsync on the virtual clock: hand-computed updates on quadratics, equality with
+synchronous FedAvg, determinism across actor counts and pause/resume, and the config errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import rayfl
+from rayfl import config, schema
+from rayfl.algorithms import registry
+from rayfl.availability.always import AlwaysOn
+from rayfl.availability.config import AvailabilityConfig
+from rayfl.availability.sampler import Sampler
+from rayfl.runtime.async_loop import AsyncLoop, Dispatcher, Settings, staleness_weight
+from rayfl.runtime.inprocess import FunctionExecutor, quadratic_client, simulate
+from rayfl.runtime.local import LocalSpec
+from rayfl.schema import ConfigError
+from tests.conftest import TINY
+
+F64 = torch.float64
+D, K, ETA = 4, 5, 0.1
+
+
+def problem(n: int, seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    return 0.2 + 1.8 * torch.rand(n, D, generator=g, dtype=F64), torch.randn(n, D, generator=g,
+                                                                             dtype=F64)
+
+
+def make(name: str, n: int, weighting: str = "samples", **params):
+    cls = registry.get(name)
+    return cls(cls.Params(**params), weighting=weighting, num_clients=n)
+
+
+class NoLabels:
+    """Label statistics of a problem without labels (the sync sampler reports label_tv)."""
+
+    def tv(self, clients) -> float:
+        return float("nan")
+
+
+def sampler(sizes, per_round: int, seconds=None, seed: int = 0) -> Sampler:
+    """Every client online, equal devices (or ``seconds`` per full local run per client)."""
+    cfg = schema.build(AvailabilityConfig, {"speed_sigma": 0.0, "bandwidth_sigma": 0.0})
+    s = Sampler(cfg, AlwaysOn(), NoLabels(), np.asarray(sizes), per_round, seed,
+                LocalSpec(steps=K, batch_size=1))
+    if seconds is not None:  # one sample per step (batch 1), no transfers (model_bytes 0)
+        s.devices.speed = np.asarray(seconds, dtype=np.float64) / K
+    return s
+
+
+def async_loop(algo, clients, smp, mode: str, concurrency: int, buffer: int, **kw) -> AsyncLoop:
+    spec = LocalSpec(steps=K, batch_size=1)
+    settings = Settings(mode, concurrency, buffer, **kw)
+    return AsyncLoop(algo, FunctionExecutor(algo, clients, spec), [c.n for c in clients], 1,
+                     settings, Dispatcher(smp, 0, 0.0), ETA, 1.0)
+
+
+def local_gd(a, b, x):
+    """K steps of full-batch GD on ½ xᵀdiag(a)x − bᵀx from x, in closed form."""
+    x_star = b / a
+    return x_star + (1 - ETA * a) ** K * (x - x_star)
+
+
+def test_staleness_weights_match_hand_values():
+    assert staleness_weight("constant", 7) == 1.0
+    assert staleness_weight("polynomial", 0, a=0.5) == 1.0
+    assert staleness_weight("polynomial", 3, a=0.5) == 0.5  # 1/√4
+    assert staleness_weight("polynomial", 4, a=1.0) == pytest.approx(0.2)
+    assert staleness_weight("hinge", 4, a=0.5, b=4) == 1.0
+    assert staleness_weight("hinge", 6, a=0.5, b=4) == 0.5  # 1/(0.5·2 + 1)
+    assert staleness_weight("hinge", 10, a=1.0, b=2) == pytest.approx(1 / 9)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedavgm"])
+def test_fedbuff_with_equal_speeds_is_synchronous_fedavg_bytes(name):
+    """concurrency = buffer = clients per round, equal devices: every buffer is the sync round's
+    client set, so the server states are bitwise equal (samples weighting, unequal sizes)."""
+    n, per_round, rounds = 12, 5, 6
+    a, b = problem(n)
+    clients = [quadratic_client(a[i], b[i], n=i + 1) for i in range(n)]
+    x0 = torch.zeros(D, dtype=F64)
+    plan = sampler([c.n for c in clients], per_round)
+    sync_state, _, _ = simulate(make(name, n), x0, clients, LocalSpec(steps=K, batch_size=1),
+                                rounds, ETA, sample=lambda t: plan.plan(t).clients)
+    algo = make(name, n)
+    loop = async_loop(algo, clients, sampler([c.n for c in clients], per_round), "fedbuff",
+                      per_round, per_round, staleness="polynomial")
+    state = algo.server_init(x0)
+    for t in range(rounds):
+        state, _, metrics = loop.step(state, t)
+        assert metrics["staleness_max"] == 0 and metrics["completed"] == per_round
+    assert torch.equal(state["x"], sync_state["x"])
+    if name == "fedavgm":
+        assert torch.equal(state["m"], sync_state["m"])
+    # unequal devices make stale updates, and the bytes part ways
+    algo = make(name, n)
+    loop = async_loop(algo, clients, sampler([c.n for c in clients], per_round,
+                                             seconds=np.linspace(1.0, 3.0, n)),
+                      "fedbuff", per_round, per_round)
+    state = algo.server_init(x0)
+    for t in range(rounds):
+        state, _, _ = loop.step(state, t)
+    assert not torch.allclose(state["x"], sync_state["x"])
+
+
+def test_fedbuff_staleness_discounts_by_hand():
+    """3 clients in flight, buffer 2, run times 1, 1.2, 2.5: the second update holds client 0's
+    second run (sent at version 0, τ = 1) and client 1's run from x_1 (τ = 0)."""
+    a, b = problem(3)
+    sizes = [1, 2, 3]
+    clients = [quadratic_client(a[i], b[i], n=sizes[i]) for i in range(3)]
+    algo = make("fedavg", 3)
+    loop = async_loop(algo, clients, sampler(sizes, 3, seconds=[1.0, 1.2, 2.5]), "fedbuff", 3, 2,
+                      staleness="polynomial", a=0.5)
+    x0 = torch.zeros(D, dtype=F64)
+    state = algo.server_init(x0)
+    state, _, m1 = loop.step(state, 0)
+    d0, d1 = x0 - local_gd(a[0], b[0], x0), x0 - local_gd(a[1], b[1], x0)
+    x1 = x0 - (1 * d0 + 2 * d1) / 3
+    assert torch.allclose(state["x"], x1, rtol=1e-12, atol=1e-12)
+    assert m1["virtual_time_s"] == pytest.approx(1.2) and m1["staleness_hist"] == [2]
+    state, _, m2 = loop.step(state, 1)
+    d0_stale = x0 - local_gd(a[0], b[0], x0)  # its second run also started from x_0
+    d1_fresh = x1 - local_gd(a[1], b[1], x1)
+    x2 = x1 - (1 * d0_stale / math.sqrt(2) + 2 * d1_fresh) / 3  # s(1) = 2^−1/2, Σp unscaled
+    assert torch.allclose(state["x"], x2, rtol=1e-12, atol=1e-12)
+    assert m2["staleness_hist"] == [1, 1] and m2["staleness_max"] == 1
+    assert m2["virtual_time_s"] == pytest.approx(2.4) and m2["in_flight"] == 2
+
+
+def test_fedasync_mixes_each_arrival_by_hand():
+    """Xie et al.: x ← (1 − α s(τ)) x + α s(τ) y, y trained from the model the client got."""
+    a, b = problem(2)
+    clients = [quadratic_client(a[i], b[i]) for i in range(2)]
+    algo = make("fedavg", 2)
+    alpha = 0.6
+    loop = async_loop(algo, clients, sampler([1, 1], 2, seconds=[1.0, 1.5]), "fedasync", 2, 1,
+                      staleness="polynomial", a=0.5, mixing=alpha)
+    x0 = torch.zeros(D, dtype=F64)
+    state = algo.server_init(x0)
+    xs = []
+    for t in range(3):
+        state, _, _ = loop.step(state, t)
+        xs.append(state["x"])
+    a1 = alpha / math.sqrt(2)
+    x1 = (1 - alpha) * x0 + alpha * local_gd(a[0], b[0], x0)  # client 0 at 1.0, τ = 0
+    x2 = (1 - a1) * x1 + a1 * local_gd(a[1], b[1], x0)  # client 1 at 1.5, sent x_0: τ = 1
+    x3 = (1 - a1) * x2 + a1 * local_gd(a[0], b[0], x1)  # client 0 again at 2.0, sent x_1
+    for got, want in zip(xs, (x1, x2, x3)):
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_max_staleness_discards(tmp_path):
+    a, b = problem(3)
+    clients = [quadratic_client(a[i], b[i]) for i in range(3)]
+    algo = make("fedavg", 3)
+    loop = async_loop(algo, clients, sampler([1, 1, 1], 3, seconds=[1.0, 1.1, 5.0]), "fedbuff",
+                      3, 1, max_staleness=2)
+    state = algo.server_init(torch.zeros(D, dtype=F64))
+    rows = []
+    for t in range(12):  # client 0 runs 1 s, client 1 1.1 s: 8 updates before client 2 at 5 s
+        state, _, m = loop.step(state, t)
+        rows.append(m)
+    assert sum(r["discarded"] for r in rows) == 1  # client 2, sent at version 0, is far behind
+    assert max(r["staleness_max"] for r in rows) <= 2
+
+
+# ----- the whole run: synthetic tiny config ----------------------------------------------------
+EQUAL = ["local.steps=3", "local.batch_size=5", "availability.speed_sigma=0",
+         "availability.bandwidth_sigma=0"]
+
+
+def test_fedbuff_run_equals_sync_run_bytes(tiny):
+    common = tiny + EQUAL + ["runtime.executor=inprocess", "rounds=3"]
+    sync = rayfl.run(TINY, common, quiet=True)
+    buff = rayfl.run(TINY, common + ["aggregation.mode=fedbuff"], quiet=True)
+    assert buff.summary["model_sha256"] == sync.summary["model_sha256"]
+    assert buff.metrics.column("virtual_time_s").to_pylist() == pytest.approx(
+        sync.metrics.column("virtual_time_s").to_pylist())
+    other = rayfl.run(TINY, common + ["aggregation.mode=fedbuff", "aggregation.buffer_size=3"],
+                      quiet=True)
+    assert other.summary["model_sha256"] != sync.summary["model_sha256"]
+
+
+HETERO = ["aggregation.mode=fedbuff", "aggregation.concurrency=8", "aggregation.buffer_size=3",
+          "availability.dropout=0.2", "rounds=5"]
+
+
+def test_fedbuff_same_bytes_for_1_2_and_4_actors(ray_local, tiny):
+    hashes, stale = set(), 0
+    for actors in (1, 2, 4):
+        res = rayfl.run(TINY, tiny + HETERO + [f"runtime.num_actors={actors}",
+                                               "runtime.cpus_per_actor=0.5"], quiet=True)
+        hashes.add(res.summary["model_sha256"])
+        stale += sum(res.metrics.column("staleness_max").to_pylist())
+    assert len(hashes) == 1 and stale > 0  # stale updates were in the buffers
+
+
+@pytest.mark.parametrize("mode", ["fedbuff", "fedasync"])
+def test_pause_and_resume_give_the_same_bytes(tiny, mode):
+    extra = tiny + HETERO + ["runtime.executor=inprocess", f"aggregation.mode={mode}"]
+    if mode == "fedasync":
+        extra += ["aggregation.buffer_size=null"]
+    full = rayfl.run(TINY, extra, quiet=True)
+    paused = rayfl.run(TINY, extra, quiet=True, max_rounds=2)
+    assert paused.summary["status"] == "paused"
+    assert paused.metrics.column("in_flight").to_pylist()[-1] > 0  # checkpointed mid-flight
+    resumed = rayfl.resume(paused.run_dir, quiet=True)
+    assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
+    assert resumed.metrics.column("virtual_time_s").to_pylist() == \
+        full.metrics.column("virtual_time_s").to_pylist()
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["algorithm.name=scaffold"], "aggregation.mode"),
+    (["algorithm.name=fednova"], "aggregation.mode"),
+    (["algorithm.name=feddyn"], "aggregation.mode"),
+    (["algorithm.name=fedeve"], "aggregation.mode"),
+    (["ima.window=3"], "ima"),
+    (["privacy.noise_multiplier=1.0", "aggregation.weighting=uniform"], "privacy"),
+    (["availability.deadline_s=5"], "availability.deadline_s"),
+    (["availability.overcommit=1.3"], "availability.overcommit"),
+    (["aggregation.concurrency=21"], "aggregation.concurrency"),
+    (["keep.last=1"], "keep.last"),
+])
+def test_async_config_errors_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, ["aggregation.mode=fedbuff", *overrides])
+    assert err.value.key == key
+    assert "fedbuff" in str(err.value) or key == "aggregation.concurrency"
+
+
+def test_fedasync_buffer_size_and_accepted_algorithms():
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, ["aggregation.mode=fedasync", "aggregation.buffer_size=4"])
+    assert err.value.key == "aggregation.buffer_size"
+    for name in ("fedavg", "fedavgm", "fedadam", "fedprox"):
+        config.load(TINY, ["aggregation.mode=fedbuff", f"algorithm.name={name}"])
+    config.load(TINY, ["aggregation.mode=fedbuff", "server_opt.name=momentum"])
+
+
+def test_timeline_reads_time_to_target_and_staleness():
+    from rayfl.metrics.timeline import staleness_histogram, table, time_to
+
+    rows = [{"virtual_time_s": 10.0, "test_accuracy": 0.5, "staleness_hist": [2, 1]},
+            {"virtual_time_s": 20.0, "test_accuracy": None, "staleness_hist": [1, 0, 2]},
+            {"virtual_time_s": 30.0, "test_accuracy": 0.75, "staleness_hist": [3]}]
+    assert time_to(rows, 0.7) == 30.0 and time_to(rows, 0.8) is None
+    assert staleness_histogram(rows).tolist() == [6, 1, 2]
+    assert "| a | 3 | 0.008 | 75.00 | 0.008 | — | 0.56 |" in table({"a": rows}, [0.7, 0.8])
