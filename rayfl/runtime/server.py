@@ -24,6 +24,7 @@ from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.runtime import checkpoint, state_store, storage
+from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
@@ -71,6 +72,8 @@ class Server:
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
                               transforms_from_config(cfg))
         reader = handle.open()
+        self.client_eval = ClientEvaluation(cfg, reader.holdout_sizes(), executor, run_dir) \
+            if cfg.eval.clients else None
         self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
@@ -99,6 +102,8 @@ class Server:
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
+        if self.client_eval is not None:
+            self.client_eval.log.truncate(ck["round"] + 1)
         checkpoint.prune_state(self.state_root, self.loop.versions)
 
     # ----- the loop ----------------------------------------------------------------------
@@ -126,6 +131,8 @@ class Server:
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
+                if self.client_eval is not None:
+                    row.update(self.client_eval.evaluate(t, self.algorithm.deployed(self.state)))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
             diverged = divergence.flag(row, self.algorithm.deployed(self.state), cfg.loss_ceiling)
             self.log.append(row)
