@@ -161,10 +161,15 @@ def _cmd_data(args) -> int:
 
     from rayfl.config import load
     from rayfl.data.inspect import report
+    from rayfl.data.table import check_table_path
+    from rayfl.schema import ConfigError
 
     cfg = load(args.config, args.overrides)
+    check_table_path(args.table)
+    if args.clients < 0:
+        raise ConfigError("--clients", args.clients, "a number of clients >= 0")
     out = args.out or os.path.join(cfg.output_dir, f"data-{cfg.name}")
-    for line in report(cfg, out, args.rounds, args.max_clients):
+    for line in report(cfg, out, args.rounds, args.max_clients, args.clients, args.table):
         print(line)
     return 0
 
@@ -243,6 +248,11 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--out", help="plot directory (default: <output_dir>/data-<name>)")
     d.add_argument("--rounds", type=int, help="rounds of regime drift to show (default: rounds)")
     d.add_argument("--max-clients", type=int, default=100, help="clients in the heat map")
+    d.add_argument("--clients", type=int, default=10, help="clients listed in the per-client "
+                                                           "table (default 10)")
+    d.add_argument("--table", metavar="PATH", help="write every client's row (size, held-out, "
+                                                   "classes, per-class counts) to PATH (.csv "
+                                                   "or .parquet)")
     d.set_defaults(fn=_cmd_data)
     a = sub.add_parser("algorithms", help="list the algorithms")
     a.set_defaults(fn=_cmd_algorithms)

@@ -42,3 +42,44 @@ def test_a_mistyped_key_in_a_file_is_one_line_with_a_guess(tmp_path, capsys):
     assert len(err) == 1 and not out.exists()
     assert err[0].startswith("rayfl: error: config key 'local.batchsize' = 10: expected no such "
                              "key (did you mean 'local.batch_size'?); valid keys here: ")
+
+
+def test_data_table_lists_each_clients_size_and_classes(tmp_path, capsys):
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from rayfl.data import prepare
+
+    table = tmp_path / "clients.parquet"
+    args = ["data", TINY, f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'c'}",
+            "data.client_holdout=0.2", "--clients", "3", "--table", str(table)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    cfg = config_mod.load(TINY, [f"data.cache_dir={tmp_path / 'c'}", "data.client_holdout=0.2"])
+    reader = prepare(cfg.data, cfg.seed).open()
+    rows = pq.read_table(table).to_pylist()
+    assert len(rows) == 20
+    for c in range(20):  # every client, against its own rows counted here
+        y = np.asarray(reader.client(c)[1])
+        counts = np.bincount(y, minlength=4)
+        r = rows[c]
+        assert (r["client"], r["samples"], r["classes"]) == (c, len(y), int((counts > 0).sum()))
+        assert r["holdout_samples"] == len(reader.holdout(c)[1]) == int(0.2 * (len(y) +
+                                                                              r["holdout_samples"]))
+        assert [r[f"class_{k}"] for k in range(4)] == counts.tolist()
+        best = int(np.argmax(counts))  # the first top class is the most frequent (lowest id)
+        assert r["top_classes"].split()[0] == f"{best}:{100 * counts[best] / len(y):.0f}%"
+    header = next(i for i, line in enumerate(out) if line.split()[:2] == ["client", "samples"])
+    for c in range(3):
+        cells = out[header + 1 + c].split()
+        assert cells[:4] == [str(c), str(rows[c]["samples"]), str(rows[c]["holdout_samples"]),
+                             str(rows[c]["classes"])]
+        assert " ".join(cells[4:]) == rows[c]["top_classes"]
+    assert out[header + 4].startswith("... 17 more clients")
+
+
+def test_data_table_path_must_be_csv_or_parquet(tmp_path, capsys):
+    args = ["data", TINY, f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'c'}",
+            "--table", str(tmp_path / "t.txt")]
+    assert cli.main(args) == 2
+    assert "'--table'" in capsys.readouterr().err and not (tmp_path / "c").exists()
