@@ -114,6 +114,13 @@ def _cmd_keys(args) -> int:
 
     others = {kind: getattr(args, kind) for kind in ("model", "dataset", "availability")
               if getattr(args, kind)}
+    if args.metrics:
+        from rayfl.metrics.columns import markdown
+
+        with open(args.metrics, "w") as f:
+            f.write(markdown())
+        print(args.metrics)
+        return 0
     text = config_reference(args.algorithm, others)
     if args.write:
         with open(args.write, "w") as f:
@@ -241,6 +248,8 @@ def parser() -> argparse.ArgumentParser:
     for kind in ("model", "dataset", "availability"):
         k.add_argument(f"--{kind}", help=f"list this {kind}'s own parameters")
     k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
+    k.add_argument("--metrics", metavar="PATH", help="write the metrics.parquet column "
+                                                     "reference (METRICS.md) to PATH")
     k.set_defaults(fn=_cmd_keys)
     d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")
     d.add_argument("config", help="YAML config file")

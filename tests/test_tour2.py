@@ -83,3 +83,74 @@ def test_data_table_path_must_be_csv_or_parquet(tmp_path, capsys):
             "--table", str(tmp_path / "t.txt")]
     assert cli.main(args) == 2
     assert "'--table'" in capsys.readouterr().err and not (tmp_path / "c").exists()
+
+
+def test_metrics_reference_is_the_generated_one():
+    import os
+
+    from rayfl.metrics.columns import markdown
+    from tests.conftest import ROOT
+
+    with open(os.path.join(ROOT, "METRICS.md")) as f:
+        assert f.read() == markdown()
+
+
+def test_documented_matches_names_and_patterns_only():
+    from rayfl.metrics.columns import documented
+
+    for name in ("round", "test_accuracy", "next_test_accuracy", "ima_inner_test_loss",
+                 "hr@10", "client_accuracy_worst10", "personal_accuracy_p90"):
+        assert documented(name), name
+    for name in ("nonsense", "test_accuracyx", "hr@k", "client_accuracy_p95", "rounds"):
+        assert not documented(name), name
+
+
+def _nan_free(v):
+    """NaN as a string, so rows holding one compare equal."""
+    return "nan" if isinstance(v, float) and v != v else v
+
+
+RUNS = [[f"algorithm={name}"] for name in (
+    "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "feddyn",
+    "adabest", "fednova", "fedeve", "fedmim", "fedmsi")] + [
+    ["ima.start=1", "ima.window=2"],
+    ["privacy.noise_multiplier=0.5", "privacy.clip_norm=1.0", "aggregation.weighting=uniform"],
+    ["data.validation_clients=4", "availability.model=bernoulli", "availability.dropout=0.3",
+     "availability.deadline_s=0.5", "availability.deadline_policy=partial"],
+    ["data.client_holdout=0.25", "eval.clients=5", "eval.finetune_steps=2"],
+    ["loss_ceiling=1e-9"],  # diverges at once: the diverged row and its reason
+]
+
+
+def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny):
+    """Every built-in algorithm and the optional features: each column written is in
+    METRICS.md, and ``on_round`` receives exactly the rows of metrics.parquet (plus rounds)."""
+    import rayfl
+    from rayfl.metrics.columns import documented
+
+    seen = set()
+    for i, extra in enumerate(RUNS):
+        rows = []
+        result = rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "rounds=3",
+                                         f"name=c{i}"] + extra, quiet=True,
+                           on_round=lambda row: rows.append(row) and False)
+        written = [{k: _nan_free(v) for k, v in r.items() if v is not None}
+                   for r in result.metrics.to_pylist()]
+        assert [{k: _nan_free(v) for k, v in r.items() if k != "rounds"} for r in rows] == \
+            written, extra
+        assert all(r["rounds"] == 3 for r in rows) and rows[0]["round"] == 1
+        seen |= set(result.metrics.column_names)
+    missing = sorted(c for c in seen if not documented(c))
+    assert not missing, f"columns written but not in rayfl/metrics/columns.py: {missing}"
+    for c in ("dp_epsilon", "val_accuracy", "stragglers", "diverged_reason", "c_norm",
+              "ima_inner_test_accuracy", "personal_accuracy_worst10", "next_test_accuracy"):
+        assert c in seen, c  # the runs above exercise what they are meant to
+
+
+def test_divergence_message_names_the_row_that_stopped_the_run(tiny, capsys):
+    import rayfl
+
+    result = rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "loss_ceiling=1e-9"],
+                       quiet=True)
+    assert result.summary["diverged_at_round"] == result.metrics.to_pylist()[-1]["round"] == 1
+    assert "run diverged in round 1 " in capsys.readouterr().err

@@ -32,10 +32,6 @@ from rayfl.runtime.local import spec_from_config
 from rayfl.transforms import transforms_from_config
 
 
-PROGRESS_KEYS = ("train_loss", "test_accuracy", "test_loss", "val_accuracy", "val_loss",
-                 "round_s")
-
-
 class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
@@ -108,7 +104,8 @@ class Server:
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
-        """Headline numbers of every round after the first ``since`` (polled by the user)."""
+        """The metrics rows (as in ``metrics.parquet``, plus ``rounds``) of every round after
+        the first ``since`` (polled by the user)."""
         return self.progress_rows[since:]
 
     def request_stop(self) -> None:
@@ -119,8 +116,9 @@ class Server:
         """Run the remaining rounds (at most ``max_rounds`` now); returns the summary.
 
         A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
-        ``on_progress(row)`` (in-process runs) sees each round's headline numbers as they come;
-        returning True pauses after that round.
+        ``on_progress(row)`` (in-process runs) sees each round's metrics row (round 1-based, as
+        in ``metrics.parquet``, plus ``rounds``) as it comes; returning True pauses after that
+        round.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -142,8 +140,7 @@ class Server:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
-            self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
-                k: v for k, v in row.items() if k in PROGRESS_KEYS}})
+            self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged:
