@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Iterable, get_args, get_type_hints
+from collections.abc import Iterable
+from typing import get_args, get_type_hints
 
 
 def closest(name: str, candidates: Iterable[str]) -> str | None:

@@ -125,7 +125,7 @@ def test_per_client_metrics_equal_a_hand_computation(tiny):
     rows = pq.read_table(os.path.join(result.run_dir, "client_eval.parquet")).to_pylist()
     last = [r for r in rows if r["round"] == 3]
     eligible = np.flatnonzero(reader.holdout_sizes() > 0)
-    assert len(last) == 6 and set(r["client"] for r in last) <= set(eligible.tolist())
+    assert len(last) == 6 and {r["client"] for r in last} <= set(eligible.tolist())
     accs, personal = [], []
     for r in last:
         x, y = reader.holdout(r["client"])

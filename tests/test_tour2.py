@@ -3,6 +3,8 @@ table, and the documented metrics row."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rayfl import cli
@@ -35,7 +37,8 @@ def test_nothing_close_gets_no_guess():
 
 def test_a_mistyped_key_in_a_file_is_one_line_with_a_guess(tmp_path, capsys):
     path = tmp_path / "typo.yaml"
-    path.write_text(open(TINY).read().replace("batch_size: 10", "batchsize: 10"))
+    with open(TINY) as f:
+        path.write_text(f.read().replace("batch_size: 10", "batchsize: 10"))
     out = tmp_path / "runs"
     assert cli.main(["run", str(path), f"output_dir={out}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,7 +110,7 @@ def test_documented_matches_names_and_patterns_only():
 
 def _nan_free(v):
     """NaN as a string, so rows holding one compare equal."""
-    return "nan" if isinstance(v, float) and v != v else v
+    return "nan" if isinstance(v, float) and math.isnan(v) else v
 
 
 RUNS = [[f"algorithm={name}"] for name in (
@@ -130,10 +133,10 @@ def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny)
 
     seen = set()
     for i, extra in enumerate(RUNS):
-        rows = []
+        rows: list[dict] = []
         result = rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "rounds=3",
                                          f"name=c{i}"] + extra, quiet=True,
-                           on_round=lambda row: rows.append(row) and False)
+                           on_round=lambda row, rows=rows: rows.append(row) and False)
         written = [{k: _nan_free(v) for k, v in r.items() if v is not None}
                    for r in result.metrics.to_pylist()]
         assert [{k: _nan_free(v) for k, v in r.items() if k != "rounds"} for r in rows] == \

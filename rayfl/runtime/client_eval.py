@@ -54,7 +54,7 @@ def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_id
         if finetune.steps:
             x, y = reader.tensors(*reader.client(int(client)), device)
 
-            def grad_fn(p, idx):
+            def grad_fn(p, idx, x=x, y=y):
                 idx_t = torch.from_numpy(idx).to(x.device)
                 return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
 
