@@ -98,7 +98,7 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
     test = evaluated(rows)
     if test:
         ax.plot(*zip(*[(t, 100 * v) for t, v in test]), color="black", lw=1.0, alpha=0.6,
-                label="test set (pooled)")
+                label="global test set (reference)")
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("accuracy on clients' held-out rows (%)")
