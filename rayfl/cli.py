@@ -141,6 +141,13 @@ def _cmd_keys(args) -> int:
 
     others = {kind: getattr(args, kind) for kind in ("model", "dataset", "availability")
               if getattr(args, kind)}
+    if args.metrics:
+        from rayfl.metrics.columns import markdown
+
+        with open(args.metrics, "w") as f:
+            f.write(markdown())
+        print(args.metrics)
+        return 0
     text = config_reference(args.algorithm, others)
     if args.write:
         with open(args.write, "w") as f:
@@ -188,10 +195,15 @@ def _cmd_data(args) -> int:
 
     from rayfl.config import load
     from rayfl.data.inspect import report
+    from rayfl.data.table import check_table_path
+    from rayfl.schema import ConfigError
 
     cfg = load(args.config, args.overrides)
+    check_table_path(args.table)
+    if args.clients < 0:
+        raise ConfigError("--clients", args.clients, "a number of clients >= 0")
     out = args.out or os.path.join(cfg.output_dir, f"data-{cfg.name}")
-    for line in report(cfg, out, args.rounds, args.max_clients):
+    for line in report(cfg, out, args.rounds, args.max_clients, args.clients, args.table):
         print(line)
     return 0
 
@@ -274,6 +286,8 @@ def parser() -> argparse.ArgumentParser:
     for kind in ("model", "dataset", "availability"):
         k.add_argument(f"--{kind}", help=f"list this {kind}'s own parameters")
     k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
+    k.add_argument("--metrics", metavar="PATH", help="write the metrics.parquet column "
+                                                     "reference (METRICS.md) to PATH")
     k.set_defaults(fn=_cmd_keys)
     d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")
     d.add_argument("config", help="YAML config file")
@@ -281,6 +295,11 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--out", help="plot directory (default: <output_dir>/data-<name>)")
     d.add_argument("--rounds", type=int, help="rounds of regime drift to show (default: rounds)")
     d.add_argument("--max-clients", type=int, default=100, help="clients in the heat map")
+    d.add_argument("--clients", type=int, default=10, help="clients listed in the per-client "
+                                                           "table (default 10)")
+    d.add_argument("--table", metavar="PATH", help="write every client's row (size, held-out, "
+                                                   "classes, per-class counts) to PATH (.csv "
+                                                   "or .parquet)")
     d.set_defaults(fn=_cmd_data)
     m = sub.add_parser("timeline", help="accuracy against virtual time and staleness of "
                                         "several runs (sync vs fedbuff/fedasync)")

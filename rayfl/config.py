@@ -327,6 +327,17 @@ class EvalConfig:
     last_k: int = field(10, doc="summary reports the mean of the last k evaluations", lo=1)
     target_accuracy: Optional[float] = field(None, doc="report the first round reaching it",
                                              lo=0.0, hi=1.0)
+    clients: int = field(0, doc="per-client evaluation: every evaluation also scores the "
+                                "deployed model on the held-out rows (data.client_holdout) of "
+                                "this many training clients, a sample keyed by (seed, round); "
+                                "metrics.parquet gets client_accuracy_mean/_p10/_p50/_p90/"
+                                "_worst10, client_eval.parquet every client's; 0: off", lo=0)
+    finetune_steps: int = field(0, doc="per-client evaluation: also score each client's model "
+                                       "after this many local SGD steps (batch local.batch_size) "
+                                       "on its own training rows (personal_accuracy_*); "
+                                       "nothing persists", lo=0)
+    finetune_lr: Optional[float] = field(None, doc="learning rate of those steps (default: "
+                                                   "local.lr)", lo=0.0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -434,6 +445,13 @@ class Config:
             if bad:
                 raise ConfigError(key, bad[0], f"a round in [1, {self.rounds}] (rounds count "
                                                f"from 1)")
+        if self.eval.clients > trainable:
+            raise ConfigError("eval.clients", self.eval.clients,
+                              f"at most data.num_clients - data.validation_clients = {trainable}")
+        if self.eval.clients and not self.data.client_holdout:
+            raise ConfigError("eval.clients", self.eval.clients,
+                              "0 unless data.client_holdout > 0 (the clients' held-out rows it "
+                              "scores on)")
         if self.runtime.num_actors > self.runtime.logical_shards:
             raise ConfigError("runtime.num_actors", self.runtime.num_actors,
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")

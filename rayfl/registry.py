@@ -25,6 +25,7 @@ import sys
 from typing import Any, Callable, ClassVar
 
 from rayfl.schema import ConfigError
+from rayfl.suggest import no_such_key
 
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
@@ -229,7 +230,7 @@ class Named:
         unknown = sorted(set(extra) - theirs)
         if unknown:
             raise ConfigError(f"{prefix}.{unknown[0]}", extra[unknown[0]],
-                              f"no such key; valid keys here: {', '.join(sorted(own | theirs))}")
+                              no_such_key(unknown[0], prefix, own | theirs))
         section = schema.build_fields(cls, data, prefix)
         params = schema.build(params_cls, extra, prefix) if params_cls else None
         section = dataclasses.replace(section, params=params)

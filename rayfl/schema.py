@@ -13,6 +13,8 @@ import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from rayfl.suggest import no_such_key, section_keys
+
 
 class ConfigError(ValueError):
     """A config value is wrong: says which key, what value, and what was expected."""
@@ -160,8 +162,8 @@ def build_fields(cls: type, data: Any, prefix: str = "") -> Any:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         key = f"{prefix}.{unknown[0]}" if prefix else unknown[0]
-        raise ConfigError(key, data[unknown[0]], f"no such key; valid keys here: "
-                          f"{', '.join(sorted(fields))}")
+        raise ConfigError(key, data[unknown[0]],
+                          no_such_key(unknown[0], prefix, fields, section_keys(cls)))
     kwargs = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name

@@ -131,10 +131,10 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
 def progress_line(info: dict, eta: Eta | None = None) -> str:
     """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``.
 
-    ``info["round"]`` is the server's 0-based loop index, printed 1-based. The s/round and the
+    ``info`` is a metrics row (``round`` counts from 1) with ``rounds``. The s/round and the
     ETA are the mean over the last rounds seen by ``eta`` (this round only without one).
     """
-    t, total = info["round"] + 1, info["rounds"]
+    t, total = info["round"], info["rounds"]
     parts = [f"round {t}/{total}"]
     if "train_loss" in info:
         parts.append(f"loss {info['train_loss']:.4f}")
@@ -211,7 +211,7 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
         return RunResult(run_dir, pq.read_table(os.path.join(run_dir, "metrics.parquet")),
                          {"status": "paused", **summary}, None)
     if summary.get("diverged"):  # said even with --quiet: the run did not do what was asked
-        print(f"rayfl: run diverged in round {summary['diverged_at_round'] + 1} "
+        print(f"rayfl: run diverged in round {summary['diverged_at_round']} "
               f"({summary.get('diverged_reason')}); stopped; see {run_dir}", file=sys.stderr)
     return load_result(run_dir)
 
@@ -231,8 +231,9 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     """Run one experiment from a config path, dict or :class:`Config`.
 
     ``max_rounds`` pauses after that many rounds (checkpointed; :func:`resume` continues).
-    ``on_round(info)`` sees each round's headline numbers (round, train_loss, test/val
-    accuracy when evaluated, round_s); returning True pauses the run after that round.
+    ``on_round(row)`` sees each round's full metrics row, as written to ``metrics.parquet``
+    (``round`` from 1; every column in METRICS.md), plus ``rounds``; returning True pauses the
+    run after that round.
     Every check that can fail runs before the run directory is created.
     """
     cfg = config_mod.load(source, overrides)

@@ -72,7 +72,8 @@ def test_custom_algorithm_typo_exits_2_and_creates_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and not out.exists() and not (tmp_path / "c").exists()
     assert err.strip().splitlines() == ["rayfl: error: config key 'algorithm.pul' = 0.1: "
-                                        "expected no such key; valid keys here: name, pull, "
+                                        "expected no such key (did you mean 'algorithm.pull'?); "
+                                        "valid keys here: name, pull, "
                                         "server_lr"]
 
 

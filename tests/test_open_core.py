@@ -155,7 +155,7 @@ def test_a_dead_server_actor_ends_the_run_with_the_resume_command(ray_local, tin
     from rayfl.simulation import RunStopped
 
     def kill_server(info):
-        if info["round"] == 0:
+        if info["round"] == 1:
             ray.kill(ray.get_actor(f"rayfl/{os.path.basename(run_dir)}/server"))
 
     run_dir = str(tmp_path / "run")

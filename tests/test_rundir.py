@@ -114,6 +114,7 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.algorithm = SimpleNamespace(deployed=lambda state: state["x"])
     s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
     s.evaluate = lambda: {"test_loss": 1.0, "test_accuracy": 0.5}
+    s.client_eval = None  # eval.clients = 0
     s._checkpoint = lambda t, elapsed: s.log.at_checkpoint.append((t, s.log.flushed))
     s._final_model = lambda: np.zeros(3, dtype=np.float32)
     return s

@@ -96,11 +96,11 @@ def test_seed_band_is_mean_and_std_over_seeds(tmp_path):
 def test_eta_is_the_mean_of_recent_rounds():
     eta = Eta(window=3)
     lines = [progress_line({"round": t, "rounds": 10, "round_s": s}, eta)
-             for t, s in enumerate([1.0, 1.0, 1.0, 10.0])]
+             for t, s in enumerate([1.0, 1.0, 1.0, 10.0], start=1)]
     # after round 4 the window holds 1, 1, 10: mean 4 s, 6 rounds left = 24 s (not 60 s)
     assert lines[-1].endswith("4.00 s/round | ETA 0:00:24")
     assert lines[0] == "round 1/10 | 1.00 s/round | ETA 0:00:09"
-    assert "acc" not in progress_line({"round": 0, "rounds": 2, "test_accuracy": None})
+    assert "acc" not in progress_line({"round": 1, "rounds": 2, "test_accuracy": None})
 
 
 def test_json_files_are_strict(tmp_path):

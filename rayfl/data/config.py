@@ -50,6 +50,10 @@ class DataConfig(registry.Named):
         None, doc="FedEve drift experiment: iid and client_only store an iid partition, "
                   "period_only and both the configured non-iid one; period_only (client_only) "
                   "re-splits the sampled clients' pooled rows iid (Dirichlet α) every round")
+    client_holdout: float = field(0.0, doc="fraction h of every training client's rows held "
+                                           "out of training for per-client evaluation "
+                                           "(eval.clients): ⌊h·n_i⌋, keyed by the seed; 0 keeps "
+                                           "the partition as is", lo=0.0, hi=1.0, hi_open=True)
     cache_dir: Optional[str] = field(None, doc="partition cache (default $RAYFL_CACHE or "
                                                "~/.cache/rayfl, resolved on each node)")
     emnist_split: Literal["letters", "digits", "balanced", "byclass", "bymerge", "mnist"] = field(

@@ -113,9 +113,13 @@ def plot_drift(period: np.ndarray, client: np.ndarray, regime: str, path: str) -
     return path
 
 
-def report(cfg, out_dir: str, rounds: int | None = None, max_clients: int = 100) -> list[str]:
-    """Prepare ``cfg``'s partition, write its plots to ``out_dir``; returns the printed lines."""
+def report(cfg, out_dir: str, rounds: int | None = None, max_clients: int = 100,
+           first_clients: int = 10, table_path: str | None = None) -> list[str]:
+    """Prepare ``cfg``'s partition, write its plots to ``out_dir`` (and every client's row to
+    ``table_path``); returns the printed lines, the first ``first_clients`` clients' rows
+    among them."""
     from rayfl.data import prepare
+    from rayfl.data.table import client_table, head_lines, write_table
 
     handle = prepare(cfg.data, cfg.seed)
     reader = handle.open()
@@ -131,9 +135,13 @@ def report(cfg, out_dir: str, rounds: int | None = None, max_clients: int = 100)
         f"{s['size_max']}",
         f"classes {s['classes']} | classes per client: min {s['classes_min']} / median "
         f"{s['classes_median']:g} / max {s['classes_max']}",
+        *head_lines(counts, reader.holdout_sizes(), first_clients),
         "label heat map: " + plot_labels(counts, os.path.join(out_dir, "labels.png"),
                                          max_clients),
     ]
+    if table_path is not None:
+        lines.append("per-client table: " + write_table(
+            client_table(counts, reader.holdout_sizes()), table_path))
     if d.regime:
         r = rounds or cfg.rounds
         period, client = regime_drift(reader, d.regime, cfg.clients_per_round, r, cfg.seed,

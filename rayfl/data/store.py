@@ -5,7 +5,10 @@
 - ``train.arrow``: one record batch, rows grouped by client (``x`` a fixed-size list, ``y``);
   training clients first, then the ``data.validation_clients`` validation clients;
 - ``offsets.npy``: client ``i`` owns rows ``offsets[i]:offsets[i+1]``;
-- ``test.arrow`` and ``meta.json`` (shapes, counts, and a fingerprint of the files' bytes).
+- ``test.arrow`` and ``meta.json`` (shapes, counts, and a fingerprint of the files' bytes);
+- with ``data.client_holdout`` > 0, ``holdout.arrow`` and ``holdout_offsets.npy``: each training
+  client's held-out rows (carved out of its rows by :mod:`rayfl.data.holdout`), laid out the same
+  way; the training rows above are then the rest.
 
 A :class:`DataHandle` (small and picklable) names that directory and carries the config and
 seed that made it. :meth:`DataHandle.open` memory-maps the files so that reading a client's rows
@@ -36,9 +39,11 @@ from rayfl import registry, schema
 from rayfl.data import datasets
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
+from rayfl.data.holdout import carve
 
 FORMAT_VERSION = 2
 FILES = ("train.arrow", "test.arrow", "offsets.npy")
+HOLDOUT_FILES = ("holdout.arrow", "holdout_offsets.npy")
 
 
 def default_cache_dir() -> str:
@@ -66,6 +71,8 @@ def partition_key(cfg: DataConfig, seed: int) -> str:
     own parameters included."""
     fields = {k: v for k, v in schema.to_dict(cfg).items()
               if k not in ("cache_dir", "regime", "partition")}
+    if not fields.get("client_holdout"):
+        fields.pop("client_holdout", None)  # off: the key (and store) of a config without it
     blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
                        **loader_identity(cfg), **fields}, sort_keys=True, default=str)
     name = re.sub(r"[^A-Za-z0-9_]+", "_", cfg.dataset).strip("_")
@@ -86,7 +93,9 @@ def _write_arrow(path: str, table: pa.Table) -> None:
 def _fingerprint(path: str) -> str:
     """sha256 over the digests of the store's data files (what re-derivation must reproduce)."""
     h = hashlib.sha256()
-    for name in FILES:
+    for name in FILES + HOLDOUT_FILES:
+        if name in HOLDOUT_FILES and not os.path.isfile(os.path.join(path, name)):
+            continue
         with open(os.path.join(path, name), "rb") as f:
             h.update(hashlib.file_digest(f, "sha256").digest())
     return h.hexdigest()
@@ -95,6 +104,13 @@ def _fingerprint(path: str) -> str:
 def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
     arrays = datasets.load(cfg, seed)
     order, offsets = part.split(cfg, arrays, seed)
+    if cfg.client_holdout > 0:
+        num_train = cfg.num_clients - cfg.validation_clients
+        order, offsets, held, held_offsets = carve(order, offsets, num_train,
+                                                   cfg.client_holdout, seed)
+        _write_arrow(os.path.join(tmp, "holdout.arrow"),
+                     _table(arrays.x_train[held], arrays.y_train[held]))
+        np.save(os.path.join(tmp, "holdout_offsets.npy"), held_offsets[:num_train + 1])
     if len(order) == len(arrays.y_train) and np.array_equal(order, np.arange(len(order))):
         x, y = arrays.x_train, arrays.y_train  # already client-ordered: no copy
     else:
@@ -106,7 +122,7 @@ def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
             "scale": arrays.scale, "num_clients": cfg.num_clients - cfg.validation_clients,
             "num_validation_clients": cfg.validation_clients, "kind": arrays.kind,
             "vocab": list(arrays.vocab), "eval_group": arrays.eval_group,
-            "fingerprint": _fingerprint(tmp)}
+            "client_holdout": cfg.client_holdout, "fingerprint": _fingerprint(tmp)}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump(meta, f)
 
@@ -156,6 +172,7 @@ class DataHandle:
     vocab: tuple[int, ...] = ()
     eval_group: int = 0  # >0: the test set ranks consecutive groups of this many rows
     fingerprint: str = ""
+    client_holdout: float = 0.0  # fraction of each training client's rows held out
     cfg: Optional[DataConfig] = None  # with seed: how to re-derive the store elsewhere
     seed: int = 0
 
@@ -165,7 +182,7 @@ class DataHandle:
             m = json.load(f)
         return cls(path, tuple(m["input_shape"]), m["num_classes"], m["scale"], m["num_clients"],
                    m["num_validation_clients"], m["kind"], tuple(m["vocab"]), m["eval_group"],
-                   m["fingerprint"])
+                   m["fingerprint"], m.get("client_holdout", 0.0))
 
     @property
     def num_train_clients(self) -> int:
@@ -225,11 +242,29 @@ class DataReader:
         self.offsets = offsets[:handle.num_clients + 1]
         self.x, self.y = x[:end], y[:end]
         self._validation = x[end:], y[end:]
+        self.holdout_offsets = None
+        if handle.client_holdout > 0:
+            self.holdout_offsets = np.load(os.path.join(handle.path, "holdout_offsets.npy"),
+                                           mmap_mode="r")
+            self._holdout = _mapped(os.path.join(handle.path, "holdout.arrow"))
 
     def client(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Client ``i``'s raw inputs and labels (views into the mapped file)."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         return self.x[lo:hi], self.y[lo:hi]
+
+    def holdout(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Client ``i``'s held-out rows (views; empty without ``data.client_holdout``)."""
+        if self.holdout_offsets is None:
+            return self.x[:0], self.y[:0]
+        lo, hi = int(self.holdout_offsets[i]), int(self.holdout_offsets[i + 1])
+        return self._holdout[0][lo:hi], self._holdout[1][lo:hi]
+
+    def holdout_sizes(self) -> np.ndarray:
+        """k_i, the held-out row count of every training client (zeros without the option)."""
+        if self.holdout_offsets is None:
+            return np.zeros(self.handle.num_clients, dtype=np.int64)
+        return np.diff(np.asarray(self.holdout_offsets, dtype=np.int64))
 
     def rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Training rows by index (a copy; used for per-round re-splits, see ``regime``)."""

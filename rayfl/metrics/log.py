@@ -78,6 +78,7 @@ class MetricsLog:
         summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online
+        from rayfl.metrics.client_eval import plot_run_clients
         from rayfl.metrics.plots import plot_accuracy
 
         plot_accuracy({summary["algorithm"]: self.rows},
@@ -85,6 +86,8 @@ class MetricsLog:
                       title=f"{os.path.basename(self.run_dir)}: {summary['algorithm']} on "
                             f"{self.cfg.data.dataset}, test accuracy")
         plot_online(self.rows, os.path.join(self.run_dir, "availability.png"))
+        plot_run_clients(self.run_dir, self.rows, f"{os.path.basename(self.run_dir)}: "
+                                                  f"{summary['algorithm']}, per-client accuracy")
         for logger in self.loggers:
             logger.close("FAILED" if diverged_at is not None else "FINISHED")
         return summary

@@ -128,5 +128,15 @@ class ClientWorker:
         rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
         return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
 
+    def client_scores(self, t: int, point: np.ndarray, client_ids, finetune,
+                      batch_size: int) -> np.ndarray:
+        """Per-client evaluation of ``point`` on these clients' held-out rows (see
+        :func:`~rayfl.runtime.client_eval.score_clients`); touches no client state."""
+        from rayfl.runtime.client_eval import score_clients
+
+        w = torch.as_tensor(np.array(point)).to(self.device)
+        return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,
+                             t, self.seed, finetune, batch_size)
+
 
 ClientActor = ray.remote(ClientWorker)

@@ -24,15 +24,12 @@ from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
+from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.local import spec_from_config
 from rayfl.transforms import transforms_from_config
-
-
-PROGRESS_KEYS = ("train_loss", "test_accuracy", "test_loss", "val_accuracy", "val_loss",
-                 "round_s")
 
 
 class Server:
@@ -76,6 +73,8 @@ class Server:
                               chain)
         self.asynchronous = async_loop.for_server(cfg, self.algorithm, self.loop, self.sampler)
         reader = handle.open()
+        self.client_eval = ClientEvaluation(cfg, reader.holdout_sizes(), executor, run_dir) \
+            if cfg.eval.clients else None
         self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
@@ -106,6 +105,8 @@ class Server:
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
+        if self.client_eval is not None:
+            self.client_eval.log.truncate(ck["round"] + 1)
         if self.loop.transforms is not None:  # e.g. the adaptive clip norm
             self.loop.transforms.load_server_state(ck.get("transforms"))
         checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
@@ -114,7 +115,8 @@ class Server:
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
-        """Headline numbers of every round after the first ``since`` (polled by the user)."""
+        """The metrics rows (as in ``metrics.parquet``, plus ``rounds``) of every round after
+        the first ``since`` (polled by the user)."""
         return self.progress_rows[since:]
 
     def request_stop(self) -> None:
@@ -125,8 +127,9 @@ class Server:
         """Run the remaining rounds (at most ``max_rounds`` now); returns the summary.
 
         A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
-        ``on_progress(row)`` (in-process runs) sees each round's headline numbers as they come;
-        returning True pauses after that round.
+        ``on_progress(row)`` (in-process runs) sees each round's metrics row (round 1-based, as
+        in ``metrics.parquet``, plus ``rounds``) as it comes; returning True pauses after that
+        round.
         """
         start = time.perf_counter()
         cfg = self.cfg
@@ -137,6 +140,8 @@ class Server:
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or last:
                 row.update(self.evaluate())
+                if self.client_eval is not None:
+                    row.update(self.client_eval.evaluate(t, self.algorithm.deployed(self.state)))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
             diverged = divergence.flag(row, self.algorithm.deployed(self.state), cfg.loss_ceiling)
             self.log.append(row)
@@ -147,8 +152,7 @@ class Server:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 row["checkpoint_s"] = time.perf_counter() - tick
-            self.progress_rows.append({"round": t, "rounds": cfg.rounds, **{
-                k: v for k, v in row.items() if k in PROGRESS_KEYS}})
+            self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged:

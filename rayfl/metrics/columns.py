@@ -1,0 +1,134 @@
+"""Every column of ``metrics.parquet`` (and of the row ``on_round`` receives): meaning and unit.
+
+The reference ``METRICS.md`` is generated from this table (``rayfl keys --metrics PATH``) and a
+test runs every built-in algorithm and checks that each column a run writes is listed here, so
+the documentation cannot fall behind the code. Columns named after a model or a dataset's
+evaluator are patterns (``<model>_test_accuracy``).
+"""
+
+from __future__ import annotations
+
+import re
+
+SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
+    "every round": {
+        "round": ("round, from 1", "the communication round this row describes"),
+        "lr": ("—", ("local learning rate η_l of the round (after local.lr_decay and the "
+                    "algorithm's schedule)")),
+        "online": ("clients", "clients the availability model had online at the round's start"),
+        "sampled": ("clients", "clients sampled (dispatched plus dropped)"),
+        "completed": ("clients", "clients whose update entered the aggregate"),
+        "dropped": ("clients", "sampled clients that dropped out or missed the deadline"),
+        "stragglers": ("clients", ("clients past availability.deadline_s (partial work or "
+                                  "dropped, per the deadline policy)")),
+        "virtual_round_s": ("virtual s", "duration of the round on the simulated device clock"),
+        "virtual_time_s": ("virtual s", "simulated time since the start, after this round"),
+        "label_tv": ("0–1", ("total-variation distance between the labels pooled over the "
+                            "round's clients and the population's (period drift of the sample)")),
+        "train_loss": ("loss", "mean minibatch training loss over all local steps of the round"),
+        "samples": ("rows", "training rows held by the completed clients"),
+        "local_steps": ("steps", "local SGD steps run by all clients together"),
+        "update_norm": ("L2 norm", "‖Δ̄‖, the norm of the aggregated model update"),
+        "client_drift": ("squared L2", "mean over clients of ‖Δ_k − Δ̄‖² (client drift)"),
+        "period_drift": ("squared L2", ("‖Δ̄_t − Δ̄_{t−1}‖², change of the mean update from the "
+                                       "previous round (period drift; from round 2)")),
+        "dp_epsilon": ("ε", "privacy spent so far (with `privacy`; δ = privacy.delta)"),
+        "diverged": ("bool", ("true when this row stopped the run (loss above loss_ceiling, "
+                             "NaN or inf)")),
+        "diverged_reason": ("text", "why the run stopped (only on the row that stopped it)"),
+    },
+    "timing and memory": {
+        "plan_s": ("s", "sampling and availability planning"),
+        "train_s": ("s", "wall time of the clients' training (all actors, in parallel)"),
+        "aggregate_s": ("s", "merging the partial sums and the server update"),
+        "actor_train_s_max": ("s", "the slowest client actor's training time"),
+        "actor_peak_rss_mb": ("MiB", "largest peak resident memory of a client actor"),
+        "server_peak_rss_mb": ("MiB", "peak resident memory of the server process"),
+        "round_s": ("s", "plan_s + train_s + aggregate_s"),
+        "eval_s": ("s", "test (and validation) evaluation, on evaluated rounds"),
+        "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
+        "elapsed_s": ("s", "wall time since the run started, resumed runs included"),
+    },
+    "evaluated rounds (every eval.every rounds and the last; null otherwise)": {
+        "test_loss": ("loss", "mean loss of the deployed model on the test set"),
+        "test_accuracy": ("fraction 0–1", "accuracy of the deployed model on the test set"),
+        "val_loss": ("loss", ("mean loss on the validation clients' rows "
+                             "(data.validation_clients)")),
+        "val_accuracy": ("fraction 0–1", "accuracy on the validation clients' rows"),
+        "<model>_test_loss": ("loss", ("test loss of an algorithm's further model (e.g. "
+                                      "next_test_loss: AdaBest's x_{t+1}; ima_inner_test_loss: "
+                                      "the un-averaged model under IMA)")),
+        "<model>_test_accuracy": ("fraction 0–1", "test accuracy of that model"),
+        "hr@<k>": ("fraction 0–1", ("hit rate at k (k = 5, 10) of a ranking test set "
+                                   "(MovieLens)")),
+        "ndcg@<k>": ("0–1", "normalised discounted cumulative gain at k of a ranking test set"),
+        "auc": ("0–1", "area under the ROC curve of a ranking test set"),
+    },
+    "per-client evaluation (eval.clients > 0; evaluated rounds)": {
+        "clients_evaluated": ("clients", ("clients scored on their own held-out rows "
+                                         "(data.client_holdout)")),
+        **{f"client_accuracy_{s}": ("fraction 0–1", what) for s, what in (
+            ("mean", ("mean over the evaluated clients of the deployed model's accuracy on each "
+                     "client's held-out rows (each client counts once)")),
+            ("p10", "10th percentile of those per-client accuracies (linear interpolation)"),
+            ("p50", "median of the per-client accuracies"),
+            ("p90", "90th percentile of the per-client accuracies"),
+            ("worst10", "mean accuracy of the worst 10 % of evaluated clients (⌈m/10⌉ of m)"))},
+        **{f"personal_accuracy_{s}": ("fraction 0–1", (f"as client_accuracy_{s}, after "
+                                                      "eval.finetune_steps local SGD steps on "
+                                                      "each client's training rows (only with "
+                                                      "eval.finetune_steps > 0)"))
+           for s in ("mean", "p10", "p50", "p90", "worst10")},
+    },
+    "algorithms' own server metrics": {
+        "momentum_norm": ("L2 norm", ("server optimizer momentum ‖m‖ (fedavgm, fedadam, fedyogi, "
+                                     "fedadagrad, server_opt)")),
+        "v_mean": ("—", "mean of the adaptive server optimizer's second moment v"),
+        "c_norm": ("L2 norm", "SCAFFOLD's server control variate ‖c‖"),
+        "h_norm": ("L2 norm", "FedDyn's / AdaBest's server correction ‖h‖"),
+        "tau_eff": ("steps", "FedNova's effective number of local steps τ_eff"),
+        "kalman_gain": ("0–1", "FedEve's Kalman gain K"),
+        "q": ("squared L2 per coordinate", "FedEve's process-noise estimate"),
+        "r": ("squared L2 per coordinate", "FedEve's observation-noise estimate"),
+        "mim_delta_norm": ("L2 norm", ("FedMIM's ‖δ_{t+1}‖ = ‖x_t − x_{t+1}‖ / K, the per-step "
+                                      "server movement its clients extrapolate with")),
+        "ima_active": ("0 or 1", "1 once IMA averages the deployed model (from ima.start)"),
+        "ima_window_len": ("models", "models in IMA's averaging window"),
+        "<name>": ("—", ("an algorithm of your own: whatever its server_update returns as "
+                        "metrics")),
+    },
+}
+
+ROUNDS_KEY = ("rounds", "on_round only", "the run's configured round count")
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile("^" + re.escape(name).replace(re.escape("<model>"), r"[A-Za-z0-9_]+")
+                      .replace(re.escape("<k>"), r"\d+") + "$")
+
+
+def documented(column: str) -> bool:
+    """Whether ``column`` is listed (an algorithm's own ``<name>`` matches nothing: the test
+    holds the built-ins to the table)."""
+    return any(column == name or ("<" in name and name != "<name>" and
+                                  _pattern(name).match(column))
+               for rows in SECTIONS.values() for name in rows)
+
+
+def markdown() -> str:
+    """``METRICS.md``: one table per section."""
+    out = ["# metrics.parquet columns", "",
+           ("Generated from `rayfl/metrics/columns.py` by `rayfl keys --metrics METRICS.md`; a "
+           "test keeps it in sync and checks that every column a run writes is listed. "
+           "`rayfl.run(..., on_round=fn)` calls `fn(row)` with exactly this row after every "
+           f"round, plus `{ROUNDS_KEY[0]}` ({ROUNDS_KEY[2]}). A column a round does not "
+           "produce is null (missing from `on_round`'s row). Accuracies are fractions here and "
+           "percent in the terminal and figures. Per-client scores of every evaluated client "
+           "are in `client_eval.parquet` (round, client, samples, accuracy, loss, "
+           "personal_accuracy, personal_loss)."), ""]
+    for title, rows in SECTIONS.items():
+        out += [f"## {title[0].upper()}{title[1:]}", "", "| column | unit | meaning |",
+                "|---|---|---|"]
+        out += [f"| `{name}` | {unit} | {meaning} |" for name, (unit, meaning) in rows.items()]
+        out.append("")
+    return "\n".join(out)

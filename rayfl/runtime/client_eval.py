@@ -1,0 +1,104 @@
+"""Per-client evaluation (``eval.clients``): the deployed model scored on each sampled client's
+own held-out rows, where those rows live, and optionally after k local fine-tuning steps.
+
+The sample is keyed by (seed, round) and each client's score (its fine-tuning minibatches
+included, keyed by (seed, round, client)) depends on nothing else, so the numbers do not depend
+on how many actors share the work. Fine-tuning runs on a copy of the global model in the
+actor's scratch model: no client state is read or written and the global model is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import LocalRule
+from rayfl.runtime.local import LocalSpec, train_client
+
+SAMPLE_STREAM = 0xC11E  # purpose tag of the evaluated-client sample
+FINETUNE_STREAM = 0xF17E  # purpose tag of a client's fine-tuning minibatches
+COLUMNS = ("client", "samples", "accuracy", "loss", "personal_accuracy", "personal_loss")
+
+
+@dataclass(frozen=True)
+class FinetuneSpec:
+    """How a client personalises the global model before its second score."""
+
+    steps: int = 0
+    lr: float = 0.01
+    batch_size: int = 50
+
+
+def eval_sample(holdout_sizes: np.ndarray, count: int, seed: int, t: int) -> np.ndarray:
+    """The clients evaluated at loop index ``t``: ``count`` of those holding held-out rows
+    (all of them when fewer), drawn without replacement by a generator keyed by (seed, t);
+    sorted ids."""
+    eligible = np.flatnonzero(np.asarray(holdout_sizes) > 0)
+    rng = np.random.default_rng([seed, t, SAMPLE_STREAM])
+    return np.sort(rng.choice(eligible, min(count, len(eligible)), replace=False))
+
+
+def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_ids, t: int,
+                  seed: int, finetune: FinetuneSpec, batch_size: int) -> np.ndarray:
+    """One row per client (columns :data:`COLUMNS`): held-out sample count, accuracy and mean
+    loss of ``point``; with ``finetune.steps``, of the client's fine-tuned copy too (else NaN)."""
+    out = np.full((len(client_ids), len(COLUMNS)), np.nan)
+    spec = LocalSpec(steps=finetune.steps, batch_size=finetune.batch_size)
+    for row, client in enumerate(np.asarray(client_ids, dtype=np.int64)):
+        hx, hy = reader.tensors(*reader.holdout(int(client)), device)
+        out[row, :2] = client, len(hy)
+        out[row, 2], out[row, 3] = _score(model, point, hx, hy, loss_fn, batch_size)
+        if finetune.steps:
+            x, y = reader.tensors(*reader.client(int(client)), device)
+
+            def grad_fn(p, idx, x=x, y=y):
+                idx_t = torch.from_numpy(idx).to(x.device)
+                return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
+
+            rng = np.random.default_rng([seed, t, int(client), FINETUNE_STREAM])
+            personal, _, _ = train_client(LocalRule(), point, grad_fn, len(y), spec,
+                                          finetune.lr, rng)
+            out[row, 4], out[row, 5] = _score(model, personal, hx, hy, loss_fn, batch_size)
+    return out
+
+
+def _score(model, point, x, y, loss_fn, batch_size: int) -> tuple[float, float]:
+    """(accuracy as correct / n, exactly; mean loss) of ``point`` on one client's rows."""
+    out = model.predict(point, x, batch_size)
+    return int((out.argmax(1) == y).sum()) / len(y), float(loss_fn(out, y))
+
+
+def finetune_spec(cfg) -> FinetuneSpec:
+    """The :class:`FinetuneSpec` of a run config's ``eval`` and ``local`` sections."""
+    lr = cfg.eval.finetune_lr if cfg.eval.finetune_lr is not None else cfg.local.lr
+    return FinetuneSpec(cfg.eval.finetune_steps, lr, cfg.local.batch_size)
+
+
+class ClientEvaluation:
+    """The server's side: picks the sample, asks the executor for the scores, summarises them
+    and keeps every client's row for ``client_eval.parquet``."""
+
+    def __init__(self, cfg, holdout_sizes: np.ndarray, executor, run_dir: str):
+        from rayfl.metrics.client_eval import ClientEvalLog
+
+        self.cfg, self.executor = cfg, executor
+        self.holdout_sizes = holdout_sizes
+        self.finetune = finetune_spec(cfg)
+        self.log = ClientEvalLog(run_dir)
+
+    def evaluate(self, t: int, deployed: torch.Tensor) -> dict:
+        """Score the sample of loop index ``t``; returns the metrics row's summary columns."""
+        from rayfl.metrics.client_eval import summary_columns
+
+        tick = time.perf_counter()
+        ids = eval_sample(self.holdout_sizes, self.cfg.eval.clients, self.cfg.seed, t)
+        point = deployed.detach().cpu().numpy()
+        scores = self.executor.client_scores(t, point, ids, self.finetune,
+                                             self.cfg.eval.batch_size)
+        self.log.append(t + 1, scores)
+        self.log.flush()
+        return {**summary_columns(scores, self.finetune.steps > 0),
+                "client_eval_s": time.perf_counter() - tick}
