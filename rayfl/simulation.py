@@ -66,6 +66,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     import ray
 
     from rayfl.runtime.client_actor import ClientActor
+    from rayfl.runtime.placement import on_driver_node
     from rayfl.runtime.server import ServerActor
 
     rt = cfg.runtime
@@ -81,7 +82,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
               .remote(cfg, handle, state_root, budget) for n in names]
     placement = ray.get([a.ready.remote() for a in actors])
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
-    server = ServerActor.options(name=f"rayfl/{tag}/server").remote(
+    server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
         cfg, handle, run_dir, names, resume)
     return server, actors
 
