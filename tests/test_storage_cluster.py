@@ -24,7 +24,7 @@ def _stored(client, prefix: str) -> tuple[list[str], list[str]]:
 def test_state_and_checkpoints_on_s3_pause_resume_match_local_disk(ray_local, tiny, tmp_path,
                                                                    s3_server):
     uri_for, client = s3_server
-    local = rayfl.run(TINY, tiny + SCAFFOLD, quiet=True)
+    local = rayfl.run(TINY, tiny + SCAFFOLD + ["runtime.executor=inprocess"], quiet=True)
     on_s3 = tiny + SCAFFOLD + [f"runtime.storage={uri_for('single')}",
                                "runtime.state_memory_mb=0"]  # every state read back from S3
     run_dir = str(tmp_path / "s3-run")
