@@ -239,12 +239,13 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     cfg = config_mod.load(source, overrides)
     _check_max_rounds(max_rounds)
     _check_local_ray(cfg)
+    key = "--run-dir" if run_dir else "output_dir"
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
-    rundir.check_new(run_dir)
+    rundir.check_new(run_dir, key)
     storage.check_new_run(cfg, run_dir)
     handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
     _ensure_ray(cfg)
-    rundir.check_new(run_dir)  # still free after the checks
+    rundir.check_new(run_dir, key)  # still free after the checks
     os.makedirs(run_dir, exist_ok=True)
     lock = rundir.Lock(run_dir)
     try:

@@ -134,6 +134,11 @@ HAND_CASES = [
     (["local.lr=1e-3x"], "local.lr"),
     (["local.lr=\x00"], "local.lr"),
     (["output_dir=a\x00b"], "output_dir"),
+    (["output_dir=/" + "a" * 300], "output_dir"),
+    (["output_dir=/tmp/" + "/".join(["b" * 200] * 25)], "output_dir"),
+    (["--run-dir=/tmp/" + "c" * 300], "--run-dir"),
+    (["local.epochs=1e9"], "local.epochs"),
+    (["local.steps=1e9"], "local.steps"),
 ]
 
 
