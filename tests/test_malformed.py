@@ -212,6 +212,10 @@ FILE_CASES = [
     ("inf.yaml", "runtime:\n  cpus_per_actor: .inf\n", "runtime.cpus_per_actor"),
     ("sci_bad.yaml", "local:\n  lr: 1e-3e\n", "local.lr"),
     ("latin1.yaml", "name: caf\xe9\n".encode("latin-1"), "config"),
+    ("laughs.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # 9^9 values by aliases
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi")), "config"),
+    ("selfalias.yaml", "rounds: &a [*a]\n", "config"),
 ]
 
 
