@@ -111,8 +111,9 @@ class IMAConfig:
 class LocalConfig:
     """Local training on each client."""
 
-    epochs: int = field(1, doc="local epochs E (ignored when steps is set)", lo=1)
-    steps: Optional[int] = field(None, doc="fixed local steps K instead of epochs", lo=1)
+    epochs: int = field(1, doc="local epochs E (ignored when steps is set)", lo=1, hi=10_000)
+    steps: Optional[int] = field(None, doc="fixed local steps K instead of epochs", lo=1,
+                                 hi=10_000_000)
     batch_size: int = field(50, doc="minibatch size B", lo=1)
     lr: float = field(0.01, doc="initial local learning rate η_0", lo=0.0, lo_open=True)
     lr_decay: float = field(1.0, doc="per-round lr factor: η_l(t) = η_0·decay^t", lo=0.0, hi=1.0,

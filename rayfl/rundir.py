@@ -60,6 +60,18 @@ def check_new(run_dir: str, key: str = "--run-dir") -> None:
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(key, run_dir, f"a path this user may create ({parent} is not a "
                           "writable directory)")
+    _check_length(run_dir, parent, key)
+
+
+def _check_length(run_dir: str, parent: str, key: str) -> None:
+    """Every name in the path within the file system's NAME_MAX, the whole within PATH_MAX."""
+    name_max, path_max = os.pathconf(parent, "PC_NAME_MAX"), os.pathconf(parent, "PC_PATH_MAX")
+    full = os.path.abspath(run_dir)
+    longest = max((len(os.fsencode(p)) for p in full.split(os.sep)), default=0)
+    if longest > name_max or len(os.fsencode(full)) >= path_max - 64:  # room for files inside
+        raise ConfigError(key, run_dir[:80] + ("..." if len(run_dir) > 80 else ""),
+                          f"a path whose names are at most {name_max} bytes and whole at most "
+                          f"{path_max - 64} bytes")
 
 
 class Lock:

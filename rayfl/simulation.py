@@ -66,6 +66,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     import ray
 
     from rayfl.runtime.client_actor import ClientActor
+    from rayfl.runtime.placement import on_driver_node
     from rayfl.runtime.server import ServerActor
 
     rt = cfg.runtime
@@ -81,7 +82,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
               .remote(cfg, handle, state_root, budget) for n in names]
     placement = ray.get([a.ready.remote() for a in actors])
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
-    server = ServerActor.options(name=f"rayfl/{tag}/server").remote(
+    server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
         cfg, handle, run_dir, names, resume)
     return server, actors
 
@@ -239,12 +240,13 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     cfg = config_mod.load(source, overrides)
     _check_max_rounds(max_rounds)
     _check_local_ray(cfg)
+    key = "--run-dir" if run_dir else "output_dir"
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
-    rundir.check_new(run_dir)
+    rundir.check_new(run_dir, key)
     storage.check_new_run(cfg, run_dir)
     handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
     _ensure_ray(cfg)
-    rundir.check_new(run_dir)  # still free after the checks
+    rundir.check_new(run_dir, key)  # still free after the checks
     os.makedirs(run_dir, exist_ok=True)
     lock = rundir.Lock(run_dir)
     try:

@@ -54,6 +54,38 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+MAX_VALUES = 100_000  # a config holds hundreds; aliases must not multiply them ("billion laughs")
+
+
+def _expanded_size(node, sizes: dict, open_: set) -> int:
+    """How many values ``node`` becomes once every alias is expanded (at most MAX_VALUES + 1)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_:
+        raise yaml.YAMLError("an alias refers to the collection that holds it")
+    open_.add(id(node))
+    children = [] if isinstance(node, yaml.ScalarNode) else \
+        [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else \
+        node.value
+    total = 1
+    for child in children:
+        total = min(total + _expanded_size(child, sizes, open_), MAX_VALUES + 1)
+    open_.discard(id(node))
+    sizes[id(node)] = total
+    return total
+
+
 def parse(text: str | bytes) -> Any:
-    """The YAML document in ``text`` (raises ``yaml.YAMLError`` or ``RecursionError``)."""
-    return yaml.load(text, Loader=StrictLoader)
+    """The YAML document in ``text`` (raises ``yaml.YAMLError`` or ``RecursionError``); one
+    whose aliases expand it past MAX_VALUES values is refused before it is built."""
+    loader = StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, {}, set()) > MAX_VALUES:
+            raise yaml.YAMLError(f"the document expands to more than {MAX_VALUES} values "
+                                 "through its aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()

@@ -134,6 +134,11 @@ HAND_CASES = [
     (["local.lr=1e-3x"], "local.lr"),
     (["local.lr=\x00"], "local.lr"),
     (["output_dir=a\x00b"], "output_dir"),
+    (["output_dir=/" + "a" * 300], "output_dir"),
+    (["output_dir=/tmp/" + "/".join(["b" * 200] * 25)], "output_dir"),
+    (["--run-dir=/tmp/" + "c" * 300], "--run-dir"),
+    (["local.epochs=1e9"], "local.epochs"),
+    (["local.steps=1e9"], "local.steps"),
 ]
 
 
@@ -207,6 +212,10 @@ FILE_CASES = [
     ("inf.yaml", "runtime:\n  cpus_per_actor: .inf\n", "runtime.cpus_per_actor"),
     ("sci_bad.yaml", "local:\n  lr: 1e-3e\n", "local.lr"),
     ("latin1.yaml", "name: caf\xe9\n".encode("latin-1"), "config"),
+    ("laughs.yaml", "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # 9^9 values by aliases
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+        for p, c in zip("abcdefgh", "bcdefghi")), "config"),
+    ("selfalias.yaml", "rounds: &a [*a]\n", "config"),
 ]
 
 
@@ -307,3 +316,101 @@ def test_unreachable_address_is_an_error_within_the_timeout(address, tmp_path, c
     line = _refused(["run", TINY, f"runtime.address={address}",
                      "runtime.connect_timeout_s=1"], "runtime.address", tmp_path, capsys, cache)
     assert "reachable" in line
+
+
+VALID = {  # the smallest well-formed file of each pickled format
+    "cifar10": {b"data": [[0] * 3072, [255] * 3072], b"labels": [0, 9]},
+    "trace": {7: {"active": [0.0, 30.0], "inactive": [10.0, 40.0], "finish_time": 60.0}},
+    "capacity": {7: {"computation": 12.0, "communication": 800.0}},
+}
+
+
+class _Calls:
+    """Pickles as a call of ``fn(*args)``: what a pickle that runs code looks like."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _broken_pickles(fmt: str, sentinel: str) -> list[bytes]:
+    """Truncated copies of a valid file, and files that would create ``sentinel`` if loaded with
+    ``pickle.load`` (at the top, nested in a value, through ``eval``)."""
+    good = pickle.dumps(VALID[fmt], protocol=2)
+    mkdir = _Calls(os.mkdir, sentinel)
+    nested = {k: (mkdir if i == 0 else v) for i, (k, v) in enumerate(VALID[fmt].items())}
+    return [good[:len(good) // 2], good[:-1], good[:3], pickle.dumps(mkdir),
+            pickle.dumps(nested, protocol=0), pickle.dumps(nested, protocol=5),
+            pickle.dumps(_Calls(eval, f"__import__('os').mkdir({sentinel!r})")),
+            pickle.dumps([VALID[fmt], _Calls(os.mkdir, sentinel)])]
+
+
+def _refused_pickle(fmt, blob, tmp_path, capsys, cache):
+    """Run with ``blob`` as every CIFAR-10 batch, the trace or the capacity file: refused."""
+    if fmt == "cifar10":
+        root = tmp_path / "data" / "cifar-10-batches-py"
+        root.mkdir(parents=True)
+        for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+            (root / name).write_bytes(blob)
+        over, key = ["data.dataset=cifar10", f"data.root={tmp_path / 'data'}",
+                     "model.name=logreg", "data.partition=iid"], "data.root"
+    else:
+        key = f"availability.{fmt}_path"
+        over = [f"{key}={_write(tmp_path, 'f.pkl', blob)}"]
+        if fmt == "trace":
+            over.append("availability.model=trace")
+    _refused(["run", TINY, *over], key, tmp_path, capsys, cache)
+
+
+@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("fmt", ["cifar10", "trace", "capacity"])
+def test_truncated_or_code_running_pickle_is_refused_unrun(fmt, case, tmp_path, capsys, cache,
+                                                           no_ray):
+    sentinel = str(tmp_path / "code-ran")
+    blob = _broken_pickles(fmt, sentinel)[case]
+    _refused_pickle(fmt, blob, tmp_path, capsys, cache)
+    assert not os.path.exists(sentinel)
+
+
+def test_the_safe_unpickler_reads_what_pickle_reads():
+    import io
+
+    import numpy as np
+
+    from rayfl import safe_pickle
+
+    data = {b"data": np.arange(6, dtype=np.uint8).reshape(2, 3), b"labels": [1, 2],
+            "t": {"active": np.array([1.5]), "finish_time": np.float64(4.0)}, "s": {1, 2}}
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = safe_pickle.load(io.BytesIO(pickle.dumps(data, protocol=protocol)))
+        assert back[b"data"].dtype == np.uint8 and back[b"data"].tolist() == [[0, 1, 2], [3, 4, 5]]
+        assert back[b"labels"] == [1, 2] and back["s"] == {1, 2}
+        assert back["t"]["active"].tolist() == [1.5] and back["t"]["finish_time"] == 4.0
+
+
+NONSENSE = [  # readable pickles whose values are out of the format's range
+    ("cifar10", {b"data": [[0] * 3072], b"labels": [10]}),
+    ("cifar10", {b"data": [[0] * 3072], b"labels": [-1]}),
+    ("cifar10", {b"data": [], b"labels": []}),
+    ("trace", {7: {"active": [float("nan")], "inactive": [1.0], "finish_time": 5.0}}),
+    ("trace", {7: {"active": [0.0], "inactive": [float("inf")], "finish_time": 5.0}}),
+    ("trace", {7: {"active": [0.0], "inactive": [1.0], "finish_time": float("nan")}}),
+    ("trace", {7: {"active": [0.0], "inactive": [1.0], "finish_time": float("inf")}}),
+    ("capacity", {7: {"computation": float("nan"), "communication": 800.0}}),
+    ("capacity", {7: {"computation": 12.0, "communication": float("inf")}}),
+]
+
+
+@pytest.mark.parametrize("fmt, value", NONSENSE, ids=range(len(NONSENSE)))
+def test_pickle_with_values_out_of_range_is_refused(fmt, value, tmp_path, capsys, cache, no_ray):
+    blob = pickle.dumps(value)
+    _refused_pickle(fmt, blob, tmp_path, capsys, cache)
+
+
+@pytest.mark.parametrize("row", ["7,nan,1", "7,0,inf", "7,-inf,1"])
+def test_trace_table_with_non_finite_times_is_refused(row, tmp_path, capsys, cache, no_ray):
+    path = _write(tmp_path, "t.csv", f"client_id,online_start,online_end\n{row}\n8,0,5\n")
+    _refused(["run", TINY, "availability.model=trace", f"availability.trace_path={path}"],
+             "availability.trace_path", tmp_path, capsys, cache)

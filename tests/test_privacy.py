@@ -117,15 +117,15 @@ def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_loca
                                                                         tmp_path):
     common = tiny + ["rounds=6", "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.5",
                      "privacy.sampling=poisson", "aggregation.weighting=uniform"]
-    full = rayfl.run(TINY, common, quiet=True)
+    full = rayfl.run(TINY, common + ["runtime.executor=inprocess"], quiet=True)  # Ray: below
     eps = full.metrics.column("dp_epsilon").to_pylist()
     assert eps == sorted(eps) and eps[0] > 0
     assert full.summary["epsilon"] == eps[-1] and full.summary["delta"] == 1e-5
     assert not full.summary["stopped_at_target_epsilon"]
     cfg = config_mod.load(TINY, common)
     assert eps == [privacy.epsilon(t + 1, **privacy.accounting(cfg)) for t in range(6)]
-    capped = rayfl.run(TINY, common + [f"privacy.target_epsilon={eps[3] * (1 + 1e-9)}"],
-                       quiet=True)
+    capped = rayfl.run(TINY, common + [f"privacy.target_epsilon={eps[3] * (1 + 1e-9)}",
+                                       "runtime.executor=inprocess"], quiet=True)
     assert capped.metrics.num_rows == 4 and capped.summary["stopped_at_target_epsilon"]
     run_dir = str(tmp_path / "paused")
     rayfl.run(TINY, common, run_dir=run_dir, quiet=True, max_rounds=3)

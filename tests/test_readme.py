@@ -25,15 +25,15 @@ from tests.conftest import ROOT, TINY
 SHORT = {
     "run": ["rounds=3", "runtime.cpus_per_actor=0.5"],
     "resume": [],
-    "fork": [],
-    "compare": ["rounds=2", "runtime.num_actors=1"],
+    "fork": ["runtime.executor=inprocess"],  # a Ray fork: tests/test_fork.py
+    "compare": ["rounds=2", "runtime.executor=inprocess"],  # Ray: covered by run and resume
     "tune": ["trials=2", "parallel=1", "overrides=[algorithm.name=adabest,"
              "data.validation_clients=4,runtime.num_actors=1]"],
     "analyze interpolate": ["--steps", "3", "--max-samples", "50"],
     "analyze plane": ["--grid", "3", "--max-samples", "50"],
     "analyze decompose": ["--subsets", "1", "--cohort-samples", "50", "--max-samples", "50"],
     "analyze drift": [],
-    "analyze regimes": ["rounds=2", "runtime.num_actors=1", "--quiet"],
+    "analyze regimes": ["rounds=2", "runtime.executor=inprocess", "--quiet"],
     "data": ["--rounds", "2"],
     "keys": [],
     "timeline": [],

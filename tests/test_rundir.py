@@ -73,7 +73,7 @@ def test_locked_run_refuses_a_second_writer_and_resume_refuses_an_edited_config(
     with open(path, "w") as f:
         yaml.safe_dump(raw, f)
     resumed = rayfl.resume(run_dir, quiet=True)
-    full = rayfl.run(TINY, tiny + ["rounds=3"], quiet=True)
+    full = rayfl.run(TINY, tiny + ["rounds=3", "runtime.executor=inprocess"], quiet=True)
     assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
 
 

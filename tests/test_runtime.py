@@ -103,7 +103,7 @@ def test_compare_runs_each_algorithm_on_the_same_setting(ray_local, tiny):
 
     from rayfl.compare import compare
 
-    over = tiny + ["rounds=2", "local.momentum=0.5"]
+    over = tiny + ["rounds=2", "local.momentum=0.5", "runtime.executor=inprocess"]
     out, rows = compare(TINY, ["fedavg", "fedmim", "fedavg+ima"], over, quiet=True)
     assert [r["algorithm"] for r in rows] == ["fedavg", "fedmim", "fedavg+ima"]
     assert {"comparison.md", "comparison.parquet", "accuracy.png"} <= set(os.listdir(out))

@@ -47,10 +47,12 @@ STATEFUL = [
 
 @pytest.mark.parametrize("algo", STATEFUL, ids=lambda a: a[0].split("=")[1])
 def test_state_survives_spill_and_resume(ray_local, tiny, tmp_path, algo):
-    """Reference: 2 actors, roomy memory, one go. Other: 1 actor, no memory (every state read
-    back from disk), paused after 3 rounds and resumed. The final bytes must be equal."""
+    """Reference: in this process (no actors), roomy memory, one go. Other: 1 client actor, no
+    memory (every state read back from disk), paused after 3 rounds and resumed. The final
+    bytes must be equal."""
     base = tiny + algo + ["rounds=6", "clients_per_round=6"]
-    plain = rayfl.run(TINY, base + ["runtime.state_memory_mb=64"], quiet=True)
+    plain = rayfl.run(TINY, base + ["runtime.state_memory_mb=64", "runtime.executor=inprocess"],
+                      quiet=True)
     other = base + ["runtime.state_memory_mb=0", "runtime.num_actors=1"]
     paused = rayfl.run(TINY, other, run_dir=str(tmp_path / "paused"), quiet=True, max_rounds=3)
     assert paused.summary["status"] == "paused" and paused.metrics.num_rows == 3

@@ -24,7 +24,7 @@ def _stored(client, prefix: str) -> tuple[list[str], list[str]]:
 def test_state_and_checkpoints_on_s3_pause_resume_match_local_disk(ray_local, tiny, tmp_path,
                                                                    s3_server):
     uri_for, client = s3_server
-    local = rayfl.run(TINY, tiny + SCAFFOLD, quiet=True)
+    local = rayfl.run(TINY, tiny + SCAFFOLD + ["runtime.executor=inprocess"], quiet=True)
     on_s3 = tiny + SCAFFOLD + [f"runtime.storage={uri_for('single')}",
                                "runtime.state_memory_mb=0"]  # every state read back from S3
     run_dir = str(tmp_path / "s3-run")
@@ -40,8 +40,11 @@ def test_state_and_checkpoints_on_s3_pause_resume_match_local_disk(ray_local, ti
 
 def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray, s3_server):
     """Each node has its own data cache (re-derived there) and nothing but the S3 server in
-    common for client state and checkpoints; the run is paused and resumed on the cluster."""
+    common for client state and checkpoints; the run is paused and resumed on the cluster. The
+    driver's node has no CPUs (KubeRay's usual head), so only the server actor runs there: it
+    must, since it writes the run directory the user reads."""
     from ray.cluster_utils import Cluster
+    from ray.util.state import list_actors
 
     from rayfl import simulation
 
@@ -50,9 +53,11 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
     small = [f"output_dir={tmp_path / 'runs'}", *SCAFFOLD]
     monkeypatch.setenv("RAYFL_CACHE", str(tmp_path / "driver"))
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "env_vars": {"RAYFL_CACHE": str(tmp_path / "node1")}})
+        "num_cpus": 0, "env_vars": {"RAYFL_CACHE": str(tmp_path / "head")}})
+    cluster.add_node(num_cpus=1, env_vars={"RAYFL_CACHE": str(tmp_path / "node1")})
     try:
         ray.init(address=cluster.address, **RAY_ARGS)
+        driver_node, head_node = ray.get_runtime_context().get_node_id(), cluster.head_node.node_id
         one = rayfl.run(TINY, [*small, "runtime.num_actors=1"], quiet=True)
         prepare, hidden = simulation.prepare, []
 
@@ -65,7 +70,7 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
 
         monkeypatch.setattr(simulation, "prepare", driver_only)
         cluster.add_node(num_cpus=1, env_vars={"RAYFL_CACHE": str(tmp_path / "node2")})
-        assert len([n for n in ray.nodes() if n["Alive"]]) == 2
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 3
         two_dir = str(tmp_path / "two")
         two = [*small, "runtime.num_actors=2", f"runtime.storage={uri_for('cluster')}",
                "runtime.state_memory_mb=0"]  # every state read back from S3, by either node
@@ -73,10 +78,14 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
         with open(os.path.join(two_dir, "actors.json")) as f:
             nodes = {a["node_id"] for a in json.load(f).values()}
         resumed = rayfl.resume(two_dir, quiet=True)
+        servers = [a.node_id for a in list_actors(filters=[("class_name", "=", "Server")])]
     finally:
         ray.shutdown()
         cluster.shutdown()
+    assert driver_node == head_node
+    assert servers == [driver_node] * 3  # one, paused and resumed: all where the user reads
     assert paused.summary["status"] == "paused" and len(nodes) == 2  # one actor per node
+    assert driver_node not in nodes
     assert len(hidden) == 2, "the run no longer calls simulation.prepare: update this test"
     for node in ("node1", "node2"):  # each node derived its own copy of the data
         assert os.listdir(tmp_path / node)

@@ -69,6 +69,7 @@ def test_run_feeds_tensorboard_and_mlflow_and_records_provenance(ray_local, tiny
 def test_compare_over_seeds_reports_mean_and_std(ray_local, tiny, tmp_path, capsys):
     out = tmp_path / "cmp"
     assert cli.main(["compare", TINY, *tiny, "rounds=4", "eval.every=2",
+                     "runtime.executor=inprocess",
                      "--algorithms", "fedavg,fedprox", "--seeds", "0,1", "--out", str(out)]) == 0
     table = pq.read_table(out / "comparison.parquet").to_pylist()
     assert [r["algorithm"] for r in table] == ["fedavg", "fedprox"]

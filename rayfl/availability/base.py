@@ -75,3 +75,8 @@ DEVICE = 0xDE71  # compute speed and bandwidth per client
 # What reading a malformed trace or capacity file (pickle, CSV, Parquet) can raise.
 READ_ERRORS = (OSError, EOFError, ImportError, pickle.UnpicklingError, KeyError, IndexError,
                TypeError, ValueError, AttributeError, NotImplementedError)
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: message`` of a read error on one line, at most 200 characters of message."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"

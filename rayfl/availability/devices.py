@@ -8,11 +8,10 @@ s/sample) and the model travels down and its update up once at its bandwidth.
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 
-from rayfl.availability.base import DEVICE, READ_ERRORS
+from rayfl import safe_pickle
+from rayfl.availability.base import DEVICE, READ_ERRORS, one_line
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.schema import ConfigError
 
@@ -54,12 +53,13 @@ class Devices:
 def _read_capacity(path: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
-            raw = pickle.load(f)
+            raw = safe_pickle.load(f)
         ids = sorted(raw)
         comp = np.array([float(raw[k]["computation"]) for k in ids])
         comm = np.array([float(raw[k]["communication"]) for k in ids])
     except READ_ERRORS as e:
-        raise ConfigError(KEY, path, f"{FORMAT} ({type(e).__name__}: {e})") from None
-    if not ids or (comp <= 0).any() or (comm <= 0).any():
-        raise ConfigError(KEY, path, FORMAT)
+        raise ConfigError(KEY, path, f"{FORMAT} ({one_line(e)})") from None
+    if not ids or not (np.isfinite(comp).all() and np.isfinite(comm).all()) or \
+            not ((comp > 0).all() and (comm > 0).all()):
+        raise ConfigError(KEY, path, FORMAT + ", all finite")
     return comp, comm

@@ -9,13 +9,12 @@ with the period ``max(online_end)``.
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from rayfl.availability.base import READ_ERRORS, AvailabilityModel
+from rayfl import safe_pickle
+from rayfl.availability.base import READ_ERRORS, AvailabilityModel, one_line
 from rayfl.schema import ConfigError
 
 KEY = "availability.trace_path"
@@ -63,17 +62,19 @@ class Trace(AvailabilityModel):
 def _read_pickle(path: str):
     try:
         with open(path, "rb") as f:
-            raw = pickle.load(f)
+            raw = safe_pickle.load(f)
         ids = sorted(raw)
         active = [np.asarray(raw[k]["active"], dtype=np.float64).ravel() for k in ids]
         inactive = [np.asarray(raw[k]["inactive"], dtype=np.float64).ravel() for k in ids]
         period = np.array([float(raw[k]["finish_time"]) for k in ids])
     except READ_ERRORS as e:  # unreadable or not the documented shape: say which and why
-        raise ConfigError(KEY, path, f"{PICKLE_FORMAT} ({type(e).__name__}: {e})") from None
+        raise ConfigError(KEY, path, f"{PICKLE_FORMAT} ({one_line(e)})") from None
     lens = np.array([len(a) for a in active])
-    if not ids or any(len(a) != len(b) for a, b in zip(active, inactive)) or (period <= 0).any():
+    finite = all(np.isfinite(a).all() and np.isfinite(b).all() for a, b in zip(active, inactive))
+    if not ids or any(len(a) != len(b) for a, b in zip(active, inactive)) or \
+            not (period > 0).all() or not np.isfinite(period).all() or not finite:
         raise ConfigError(KEY, path, PICKLE_FORMAT + " with as many 'inactive' as 'active' "
-                          "entries per client")
+                          "entries per client, all finite")
     owner = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
     return np.concatenate(active), np.concatenate(inactive), owner, period, len(ids)
 
@@ -86,8 +87,9 @@ def _read_table(path: str):
         start = table.column("online_start").to_numpy().astype(np.float64)
         end = table.column("online_end").to_numpy().astype(np.float64)
     except READ_ERRORS as e:
-        raise ConfigError(KEY, path, f"{TABLE_FORMAT} ({type(e).__name__}: {e})") from None
-    if len(ids) == 0 or (end < start).any() or end.max() <= 0:
-        raise ConfigError(KEY, path, TABLE_FORMAT)
+        raise ConfigError(KEY, path, f"{TABLE_FORMAT} ({one_line(e)})") from None
+    if len(ids) == 0 or not (np.isfinite(start).all() and np.isfinite(end).all()) or \
+            (end < start).any() or end.max() <= 0:
+        raise ConfigError(KEY, path, TABLE_FORMAT + ", all finite")
     uniq, owner = np.unique(ids, return_inverse=True)
     return start, end, owner.astype(np.int32), float(end.max()), len(uniq)
