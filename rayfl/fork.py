@@ -103,20 +103,22 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
 
 
 def _copy_prefix(source, source_dir: str, cfg, run_dir: str, ck: dict) -> None:
-    """The source's client states of the checkpoint, its metrics rows and the checkpoint itself,
-    written into the new run (the checkpoint last: it is what makes the directory resumable)."""
+    """The source's client states of the checkpoint, its metrics and per-client evaluation rows
+    and the checkpoint itself, written into the new run (the checkpoint last: it is what makes
+    the directory resumable)."""
     src_state = Storage(storage.state_root(source, source_dir))
     dst_state = Storage(storage.state_root(cfg, run_dir))
     versions = ck["versions"]
     for c in np.flatnonzero(versions >= 0):
         name = state_name(int(c), int(versions[c]))
         dst_state.write(name, src_state.read(name))
-    metrics = os.path.join(source_dir, "metrics.parquet")
-    if os.path.isfile(metrics):
-        import pyarrow.compute as pc
-        import pyarrow.parquet as pq
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
 
-        table = pq.read_table(metrics)
-        pq.write_table(table.filter(pc.less_equal(table["round"], ck["round"] + 1)),
-                       os.path.join(run_dir, "metrics.parquet"))
+    for name in ("metrics.parquet", "client_eval.parquet"):  # rows of rounds 1..N
+        path = os.path.join(source_dir, name)
+        if os.path.isfile(path):
+            table = pq.read_table(path)
+            pq.write_table(table.filter(pc.less_equal(table["round"], ck["round"] + 1)),
+                           os.path.join(run_dir, name))
     checkpoint.save(storage.run_location(cfg, run_dir), ck)

@@ -122,6 +122,10 @@ RUNS = [[f"algorithm={name}"] for name in (
      "availability.deadline_s=0.5", "availability.deadline_policy=partial"],
     ["data.client_holdout=0.25", "eval.clients=5", "eval.finetune_steps=2"],
     ["loss_ceiling=1e-9"],  # diverges at once: the diverged row and its reason
+    ["privacy.noise_multiplier=1.0", "privacy.clip_norm=1.0", "aggregation.weighting=uniform",
+     "privacy.adaptive_clip.count_noise=1.0", "compression.method=topk",
+     "compression.error_feedback=true"],
+    ["aggregation.mode=fedbuff", "aggregation.concurrency=4", "aggregation.buffer_size=2"],
 ]
 
 
@@ -146,7 +150,8 @@ def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny)
     missing = sorted(c for c in seen if not documented(c))
     assert not missing, f"columns written but not in rayfl/metrics/columns.py: {missing}"
     for c in ("dp_epsilon", "val_accuracy", "stragglers", "diverged_reason", "c_norm",
-              "ima_inner_test_accuracy", "personal_accuracy_worst10", "next_test_accuracy"):
+              "ima_inner_test_accuracy", "personal_accuracy_worst10", "next_test_accuracy",
+              "dp_clip_norm", "upload_bytes", "staleness_hist"):
         assert c in seen, c  # the runs above exercise what they are meant to
 
 

@@ -33,6 +33,11 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "period_drift": ("squared L2", ("‖Δ̄_t − Δ̄_{t−1}‖², change of the mean update from the "
                                        "previous round (period drift; from round 2)")),
         "dp_epsilon": ("ε", "privacy spent so far (with `privacy`; δ = privacy.delta)"),
+        "dp_clip_norm": ("L2 norm", ("the clip norm S of the round (privacy.adaptive_clip: it "
+                                    "tracks the target quantile of update norms)")),
+        "upload_bytes": ("bytes", ("what the round's completed clients uploaded for their "
+                                  "updates Δ_i as the transform chain encodes them "
+                                  "(compression, secagg); times the virtual upload")),
         "diverged": ("bool", ("true when this row stopped the run (loss above loss_ceiling, "
                              "NaN or inf)")),
         "diverged_reason": ("text", "why the run stopped (only on the row that stopped it)"),
@@ -79,6 +84,18 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                                                       "each client's training rows (only with "
                                                       "eval.finetune_steps > 0)"))
            for s in ("mean", "p10", "p50", "p90", "worst10")},
+    },
+    "asynchronous modes (aggregation.mode fedbuff or fedasync: a row per server update)": {
+        "in_flight": ("clients", "clients still training when the server update was applied"),
+        "discarded": ("clients", "arrivals staler than aggregation.max_staleness, dropped"),
+        "staleness_mean": ("server updates", ("mean staleness τ of the applied updates (server "
+                                             "updates since the client's model was sent)")),
+        "staleness_max": ("server updates", "largest staleness τ among the applied updates"),
+        "staleness_hist": ("clients per τ", "counts of applied updates by staleness τ = 0, 1, …"),
+        "staleness_weight_mean": ("—", "mean staleness weight s(τ) of the applied updates"),
+        "waves": ("calls", ("executor calls since the last update (clients dispatched "
+                           "together train in one call, in parallel)")),
+        "clients_trained": ("clients", "clients whose local training ran since the last update"),
     },
     "algorithms' own server metrics": {
         "momentum_norm": ("L2 norm", ("server optimizer momentum ‖m‖ (fedavgm, fedadam, fedyogi, "

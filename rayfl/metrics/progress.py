@@ -70,8 +70,9 @@ def sigterm_as_interrupt():
 
     if threading.current_thread() is not threading.main_thread():
         return None
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized() and \
-            sys.modules["ray"].get_runtime_context().get_task_id() is not None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and \
+            ray.get_runtime_context().worker.mode == ray.WORKER_MODE:  # inside a task or actor
         return None
 
     def interrupt(signum, frame):

@@ -1,4 +1,4 @@
-"""Tables for the report from results/runs/*: DP accuracy against ε, accuracy against bytes."""
+"""Tables for the report from runs/privacy/*: DP accuracy against ε, accuracy against bytes."""
 import glob
 import os
 
@@ -9,7 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def rows(prefix):
     out = {}
-    for d in sorted(glob.glob(os.path.join(HERE, "runs", prefix + "*"))):
+    for d in sorted(glob.glob(os.path.join(HERE, "..", "..", "runs", "privacy", prefix + "*"))):
         f = os.path.join(d, "metrics.parquet")
         if os.path.exists(f):
             out[os.path.basename(d).rsplit("-", 2)[0]] = pq.read_table(f).to_pylist()

@@ -1,16 +1,16 @@
 #!/bin/bash
-# Tabulate the three runs (partial or finished) and draw results/timeline.png.
-cd /work/wt-async
-export PYTHONPATH=$PWD
-PY=/work/main/.venv/bin/python
-$PY -c 'import sys; from rayfl.cli import main; sys.exit(main())' timeline \
-    results/fedavg_sync results/fedbuff results/fedasync --targets 0.6,0.65,0.7,0.75,0.8 \
-    --out results/timeline.png
+# Tabulate the three runs (partial or finished) and draw runs/async/timeline.png.
+cd "$(dirname "$0")/../.."
+
+PY=.venv/bin/python
+.venv/bin/rayfl timeline \
+    runs/async/fedavg_sync runs/async/fedbuff runs/async/fedasync --targets 0.6,0.65,0.7,0.75,0.8 \
+    --out runs/async/timeline.png
 $PY - <<'PY'
 import pyarrow.parquet as pq
 from rayfl.metrics.timeline import staleness_histogram
 for name in ("fedavg_sync", "fedbuff", "fedasync"):
-    rows = pq.read_table(f"results/{name}/metrics.parquet").to_pylist()
+    rows = pq.read_table(f"runs/async/{name}/metrics.parquet").to_pylist()
     h = staleness_histogram(rows)
     accs = [(r["round"], r["virtual_time_s"], r["test_accuracy"]) for r in rows
             if r.get("test_accuracy") is not None]

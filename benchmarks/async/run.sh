@@ -1,0 +1,10 @@
+#!/bin/bash
+# FedAvg (sync) vs FedBuff vs FedAsync on Fashion-MNIST with log-normal device speeds and
+# bandwidths (configs/async/fedbuff_fmnist.yaml). Outputs: runs/async/*; then summarize.sh.
+cd "$(dirname "$0")/../.."
+CFG=configs/async/fedbuff_fmnist.yaml
+run() { name=$1; shift; .venv/bin/rayfl run $CFG --quiet --run-dir runs/async/$name "$@"; }
+run fedbuff
+run fedavg_sync aggregation.mode=sync
+run fedasync aggregation.mode=fedasync aggregation.buffer_size=null aggregation.concurrency=10 \
+  aggregation.mixing=0.6 rounds=1000 eval.every=20
