@@ -64,7 +64,7 @@ def test_enqueued_weights_round_trip(tmp_path):
      "low > 0"),
     ({"space": {"local.lr": {"low": 0.5, "high": 0.1}}}, "space.local.lr.high", "above low"),
     ({"space": {"local.epochs": {"type": "int", "low": 0, "high": 4}}}, "space.local.epochs",
-     "[1, inf]"),
+     "[1, 10000]"),
     ({"enqueue": [{"local.lr": 0.1}]}, "enqueue[0].local.lr", "a searched key"),
     ({"enqueue": [{"algorithm.alpha": [0.9, 0.3]}]}, "enqueue[0].algorithm.alpha",
      "sum in [0, 0.95]"),
