@@ -117,7 +117,7 @@ def _files(tmp: str) -> list[tuple[str, list[str]]]:
         ("config billion laughs", ["run", write("laughs.yaml", tiny + laughs)]),
         ("config python tag", ["run", write("tag.yaml", tiny + "x: !!python/object/apply:os.system"
                                             " ['touch /tmp/rayfl-pwned']\n")]),
-        ("config utf16", ["run", write("u16.yaml", tiny.encode("utf-16"))]),
+        ("config utf16 without BOM", ["run", write("u16.yaml", tiny.encode("utf-16-le"))]),
         ("config gz", ["run", write("c.yaml.gz", gzip.compress(tiny.encode()))]),
         ("config json list", ["run", write("c.json", "[1, 2]")]),
         ("config unknown top key", ["run", write("k.yaml", tiny + "roundz: 3\n")]),

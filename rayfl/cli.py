@@ -200,8 +200,11 @@ def _cmd_data(args) -> int:
 
     cfg = load(args.config, args.overrides)
     check_table_path(args.table)
-    if args.clients < 0:
-        raise ConfigError("--clients", args.clients, "a number of clients >= 0")
+    for flag, value, least in (("--clients", args.clients, 0), ("--max-clients",
+                                                               args.max_clients, 1),
+                               ("--rounds", args.rounds, 1)):
+        if value is not None and value < least:
+            raise ConfigError(flag, value, f"a whole number >= {least}")
     out = args.out or os.path.join(cfg.output_dir, f"data-{cfg.name}")
     for line in report(cfg, out, args.rounds, args.max_clients, args.clients, args.table):
         print(line)

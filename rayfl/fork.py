@@ -93,8 +93,8 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     os.makedirs(run_dir, exist_ok=True)
     lock = rundir.Lock(run_dir)
     try:
-        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
-        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))
+        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))  # first: config.yaml
+        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
         _copy_prefix(source, source_dir, cfg, run_dir, ck)
         provenance.record(run_dir, cfg, forked_from={"run_dir": source_dir, "round": at})
         return _execute(cfg, handle, run_dir, True, quiet, max_rounds, on_round)

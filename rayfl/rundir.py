@@ -125,7 +125,8 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
     """Refuse a config whose result-changing values differ from those the run started with."""
     path = os.path.join(run_dir, FINGERPRINT)
     if not os.path.isfile(path):
-        return  # a run from before fingerprints: nothing to compare with
+        raise ConfigError("run_dir", run_dir, "a directory rayfl run or fork made (it has "
+                          "config.yaml but no fingerprint.json; start a new run)")
     try:
         with open(path) as f:
             old = json.load(f)["values"]

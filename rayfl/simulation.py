@@ -250,8 +250,8 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     os.makedirs(run_dir, exist_ok=True)
     lock = rundir.Lock(run_dir)
     try:
-        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))
-        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))
+        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))  # first: config.yaml
+        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
         provenance.record(run_dir, cfg)
         return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
     finally:

@@ -224,6 +224,7 @@ def test_pause_and_resume_give_the_same_bytes(tiny, mode):
     (["ima.window=3"], "ima"),
     (["privacy.noise_multiplier=1.0", "aggregation.weighting=uniform"], "privacy"),
     (["availability.deadline_s=5"], "availability.deadline_s"),
+    (["availability.stragglers=0.5"], "availability.stragglers"),
     (["availability.overcommit=1.3"], "availability.overcommit"),
     (["aggregation.concurrency=21"], "aggregation.concurrency"),
     (["keep.last=1"], "keep.last"),

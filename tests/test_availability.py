@@ -254,6 +254,35 @@ def test_deadline_cuts_stragglers(policy):
     assert p.metrics["completed"] + p.metrics["dropped"] == 40
 
 
+@pytest.mark.parametrize("policy", ["drop", "partial"])
+def test_fedprox_stragglers_do_whole_epochs_in_1_to_e_minus_1(policy):
+    """FedProx's systems heterogeneity: round(0.5 · 10) = 5 stragglers a round, each with time
+    for 1..E−1 of its E = 5 epochs (partial) or dropped (FedAvg's baseline); the others run
+    fully and the round lasts as long as without stragglers."""
+    h, spec = FakeHandle(300), LocalSpec(epochs=5, batch_size=10)
+
+    def plan(t, **kw):
+        return make_sampler(avail(**kw), h, 10, 0, spec).plan(t)
+
+    full = plan(3)
+    p = plan(3, stragglers=0.5, deadline_policy=policy)
+    assert p.metrics["stragglers"] == 5 and p.duration == full.duration
+    if policy == "drop":
+        assert len(p.clients) == 5 and set(p.clients) < set(full.clients)
+        assert p.step_budget is None and p.metrics["dropped"] == 5
+        return
+    assert np.array_equal(p.clients, full.clients)
+    per_epoch = np.ceil(h.sizes()[full.clients] / 10).astype(int)
+    assert p.step_budget.sum() < 5 * per_epoch.sum()
+    epochs = p.step_budget / per_epoch
+    assert (epochs == epochs.round()).all() and (epochs < 5).sum() == 5
+    every = set()  # over rounds, every whole number of epochs 1..E−1 occurs, and nothing else
+    for t in range(30):
+        q = plan(t, stragglers=1.0, deadline_policy="partial")
+        every |= set((q.step_budget / np.ceil(h.sizes()[q.clients] / 10)).tolist())
+    assert every == {1.0, 2.0, 3.0, 4.0}
+
+
 def test_capacity_pickle_sets_speed_and_bandwidth(tmp_path):
     path = tmp_path / "client_device_capacity.pkl"
     path.write_bytes(pickle.dumps({1: {"computation": 10.0, "communication": 8000.0},
@@ -292,6 +321,7 @@ def test_label_tv_measures_distance_to_population():
     ({"overcommit": 0.9}, "availability.overcommit"),
     ({"deadline_s": 0}, "availability.deadline_s"),
     ({"deadline_policy": "wait"}, "availability.deadline_policy"),
+    ({"stragglers": 1.5}, "availability.stragglers"),
     ({"model": "dropout"}, "availability.model"),
     ({"correlate": "zone"}, "availability.correlate"),
     ({"speed_mean": -1}, "availability.speed_mean"),

@@ -16,7 +16,7 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
-from rayfl import simulation
+from rayfl import config, rundir, simulation
 from rayfl.algorithms import registry
 from rayfl.cli import main
 from rayfl.config import Config
@@ -286,6 +286,15 @@ def test_run_dir_that_is_a_file_or_holds_other_files_is_refused(tmp_path, capsys
     assert (theirs / "metrics.parquet").read_text() == "not ours"
 
 
+@pytest.mark.parametrize("flag, value", [("--max-clients", "-5"), ("--max-clients", "0"),
+                                         ("--rounds", "-1"), ("--clients", "-2")])
+def test_data_command_refuses_counts_below_range(flag, value, tmp_path, capsys, cache, no_ray):
+    out = tmp_path / "data-out"
+    _refused(["data", TINY, f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={cache}",
+              "--out", str(out), flag, value], flag, tmp_path, capsys, cache)
+    assert not out.exists()
+
+
 def test_resume_of_a_directory_without_a_run_is_refused(tmp_path, capsys, cache, no_ray):
     (tmp_path / "empty").mkdir()
     _refused(["resume", str(tmp_path / "empty")], "run_dir", tmp_path, capsys, cache,
@@ -297,6 +306,7 @@ def test_resume_with_garbage_metrics_is_refused(blob, tmp_path, capsys, cache, n
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(open(TINY).read())
+    rundir.write_fingerprint(str(run_dir), config.to_dict(config.load(TINY)))
     (run_dir / "metrics.parquet").write_bytes(blob)
     line = _refused(["resume", str(run_dir)], "run_dir", tmp_path, capsys, cache,
                     run_dir=str(run_dir))
@@ -398,6 +408,8 @@ NONSENSE = [  # readable pickles whose values are out of the format's range
     ("trace", {7: {"active": [0.0], "inactive": [float("inf")], "finish_time": 5.0}}),
     ("trace", {7: {"active": [0.0], "inactive": [1.0], "finish_time": float("nan")}}),
     ("trace", {7: {"active": [0.0], "inactive": [1.0], "finish_time": float("inf")}}),
+    ("trace", {7: {"active": [], "inactive": [], "finish_time": 10.0}}),  # never online
+    ("trace", {7: {"active": [5.0], "inactive": [1.0], "finish_time": 10.0}}),  # ends first
     ("capacity", {7: {"computation": float("nan"), "communication": 800.0}}),
     ("capacity", {7: {"computation": 12.0, "communication": float("inf")}}),
 ]

@@ -176,3 +176,19 @@ def test_write_json_turns_nan_and_inf_into_null(tmp_path):
     write_json({"a": float("nan"), "b": [np.float32("inf"), 1.5], "c": {"d": -float("inf")}},
                str(tmp_path / "x.json"))
     assert _strict_json(tmp_path / "x.json") == {"a": None, "b": [None, 1.5], "c": {"d": None}}
+
+
+@pytest.mark.parametrize("files", [{}, {"summary.json": '{"model_sha'}])
+def test_resume_refuses_a_directory_rayfl_did_not_make(files, tmp_path, capsys):
+    """config.yaml alone (a user's copy, a half-made directory) is not a run to continue: exit 2
+    naming run_dir, nothing written."""
+    run_dir = tmp_path / "notarun"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(open(TINY).read())
+    for name, text in files.items():
+        (run_dir / name).write_text(text)
+    before = sorted(os.listdir(run_dir))
+    assert main(["resume", str(run_dir), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "run_dir" in err[0] and "fingerprint.json" in err[0]
+    assert sorted(os.listdir(run_dir)) == before

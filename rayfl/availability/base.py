@@ -67,6 +67,7 @@ class AvailabilityModel:
 SAMPLE = 0x5A4D  # which online clients are sampled
 ONLINE = 0x0A71  # per-round online coin flips (bernoulli, diurnal)
 DROPOUT = 0xD209  # mid-round failures
+STRAGGLE = 0x5792  # which clients straggle and how much work they finish (FedProx)
 PROPENSITY = 0xBE7A  # per-client online probabilities (bernoulli)
 ZONE = 0x2011E  # time-zone assignment (diurnal)
 LABEL_RANK = 0x1ABE  # order of labels when availability follows data

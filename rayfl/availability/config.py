@@ -51,8 +51,14 @@ class AvailabilityConfig(registry.Named):
                                                   "wait for every kept client)",
                                         lo=0.0, lo_open=True)
     deadline_policy: Literal["drop", "partial"] = field(
-        "drop", doc="a client cut by the deadline: drop (returns nothing) or partial (returns "
-                    "the local steps it finished, as in FedNova)")
+        "drop", doc="a client cut by the deadline or made a straggler: drop (returns nothing; "
+                    "FedProx's FedAvg baseline) or partial (returns the local steps it "
+                    "finished, as in FedNova and FedProx)")
+    stragglers: float = field(0.0, doc="FedProx's systems heterogeneity: this fraction of each "
+                                       "round's clients, drawn at random, has time for only a "
+                                       "uniform whole number of epochs in 1..E−1 (of steps in "
+                                       "1..K−1 with local.steps); deadline_policy then drops "
+                                       "or keeps their work", lo=0.0, hi=1.0)
     interval_s: float = field(0.0, doc="virtual seconds the server idles between rounds "
                                        "(pacing); added to every round's duration", lo=0.0)
     speed_mean: float = field(0.005, doc="mean compute time in seconds per training sample "

@@ -4,7 +4,8 @@ Per round t starting at virtual time ``now``: the online model says who is onlin
 ``ceil(K · overcommit)`` online clients are sampled uniformly (or, with ``poisson_rate`` q, each
 online client independently with probability q); each fails mid-round with
 probability ``dropout``; the first K survivors to finish are kept (FedScale over-commitment);
-a kept client whose finish time passes the deadline is dropped or keeps the steps it finished
+a kept client whose finish time passes the deadline, or one of the ``stragglers`` fraction that
+has time for only part of its epochs (FedProx), is dropped or keeps the steps it finished
 (``deadline_policy``). The round lasts until the last kept client reports (or the deadline, if
 it cut someone), plus ``interval_s``. Everything is O(N) numpy work at most.
 """
@@ -15,7 +16,7 @@ import math
 
 import numpy as np
 
-from rayfl.availability.base import DROPOUT, SAMPLE, RoundPlan
+from rayfl.availability.base import DROPOUT, SAMPLE, STRAGGLE, RoundPlan
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import Devices
 from rayfl.availability.labels import LabelStats
@@ -68,6 +69,7 @@ class Sampler:
         if late.any():  # partial: the steps that fit before the deadline, after the transfers
             budget[late] = 0 if cfg.deadline_policy == "drop" else np.floor(
                 (cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
+        slow = self._stragglers(t, steps, budget)
         done = np.flatnonzero(budget > 0)
         done = done[np.argsort(kept[done])]  # dispatched in ascending client order
         clients, budget, partial = kept[done], budget[done], (budget[done] < steps[done]).any()
@@ -76,10 +78,30 @@ class Sampler:
         duration += cfg.interval_s
         self.clock = start + duration
         metrics = {"online": n_online, "sampled": m, "completed": len(clients),
-                   "dropped": m - len(clients), "stragglers": int(late.sum()),
+                   "dropped": m - len(clients), "stragglers": int((late | slow).sum()),
                    "virtual_round_s": duration, "virtual_time_s": self.clock}
         if len(clients):
             metrics["label_tv"] = self.stats.tv(clients)
         return RoundPlan(clients=clients, step_budget=budget if partial else None,
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
+
+    def _stragglers(self, t: int, steps: np.ndarray, budget: np.ndarray) -> np.ndarray:
+        """FedProx's stragglers among the kept clients: ``round(stragglers · kept)`` of them,
+        each with time for a uniform whole number of epochs in 1..E−1 (steps in 1..K−1 under
+        ``local.steps``); their budget shrinks to it, or to 0 under the drop policy. Returns
+        the mask of stragglers; the round's duration is unchanged (they stop early)."""
+        slow = np.zeros(len(steps), bool)
+        count = int(round(self.cfg.stragglers * len(steps)))
+        if count == 0:
+            return slow
+        rng = np.random.default_rng([self.seed, t, STRAGGLE])
+        slow[rng.choice(len(steps), count, replace=False)] = True
+        spec = self.spec
+        units = np.full(len(steps), spec.steps) if spec.steps is not None else np.full(
+            len(steps), spec.epochs)
+        per_unit = steps // units  # steps per epoch (1 under local.steps)
+        done = rng.integers(1, np.maximum(units - 1, 1), endpoint=True)[slow]
+        work = 0 if self.cfg.deadline_policy == "drop" else done * per_unit[slow]
+        budget[slow] = np.minimum(budget[slow], work)
+        return slow

@@ -70,13 +70,17 @@ def _read_pickle(path: str):
     except READ_ERRORS as e:  # unreadable or not the documented shape: say which and why
         raise ConfigError(KEY, path, f"{PICKLE_FORMAT} ({one_line(e)})") from None
     lens = np.array([len(a) for a in active])
-    finite = all(np.isfinite(a).all() and np.isfinite(b).all() for a, b in zip(active, inactive))
     if not ids or any(len(a) != len(b) for a, b in zip(active, inactive)) or \
-            not (period > 0).all() or not np.isfinite(period).all() or not finite:
+            not (period > 0).all() or not np.isfinite(period).all():
         raise ConfigError(KEY, path, PICKLE_FORMAT + " with as many 'inactive' as 'active' "
-                          "entries per client, all finite")
+                          "entries per client")
+    start, end = np.concatenate(active), np.concatenate(inactive)
+    if not (np.isfinite(start).all() and np.isfinite(end).all()) or (end < start).any() or \
+            not len(start):
+        raise ConfigError(KEY, path, PICKLE_FORMAT + " whose intervals are finite, each "
+                          "'inactive' ≥ its 'active', and some client is ever online")
     owner = np.repeat(np.arange(len(ids), dtype=np.int32), lens)
-    return np.concatenate(active), np.concatenate(inactive), owner, period, len(ids)
+    return start, end, owner, period, len(ids)
 
 
 def _read_table(path: str):

@@ -19,8 +19,9 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "sampled": ("clients", "clients sampled (dispatched plus dropped)"),
         "completed": ("clients", "clients whose update entered the aggregate"),
         "dropped": ("clients", "sampled clients that dropped out or missed the deadline"),
-        "stragglers": ("clients", ("clients past availability.deadline_s (partial work or "
-                                  "dropped, per the deadline policy)")),
+        "stragglers": ("clients", ("clients past availability.deadline_s or drawn by "
+                                  "availability.stragglers (partial work or dropped, per the "
+                                  "deadline policy)")),
         "virtual_round_s": ("virtual s", "duration of the round on the simulated device clock"),
         "virtual_time_s": ("virtual s", "simulated time since the start, after this round"),
         "label_tv": ("0–1", ("total-variation distance between the labels pooled over the "

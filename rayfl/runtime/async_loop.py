@@ -69,6 +69,8 @@ def check_config(cls, cfg) -> None:
          "no privacy section (the accountant assumes uniformly sampled synchronous rounds)"),
         ("availability.deadline_s", av.deadline_s, av.deadline_s is not None,
          "null (a round deadline has no meaning without rounds)"),
+        ("availability.stragglers", av.stragglers, av.stragglers > 0,
+         "0 (device speeds already make clients late; stragglers cut a synchronous round)"),
         ("availability.overcommit", av.overcommit, av.overcommit != 1.0,
          "1 (slots are refilled as clients arrive; nothing to over-commit)"),
         ("availability.interval_s", av.interval_s, av.interval_s != 0.0,
