@@ -1,14 +1,18 @@
-"""Fault trials as a user would see them: SIGKILL or SIGSTOP a client actor, or SIGKILL the
-server actor, of a running ``rayfl run``, and count runs that end with the unfaulted bytes.
+"""Fault trials as a user would see them: SIGKILL or SIGSTOP a client actor, SIGKILL the server
+actor or the driver, of a running ``rayfl run``, and count runs that end with the unfaulted bytes.
 
 Each trial starts ``python -m rayfl run`` on a small config, waits for the progress line of a
 round, sleeps a seeded random fraction of a second (so the signal lands anywhere in the next
 round) and signals the process (client pids from ``actors.json``; the server is the
 ``ray::Server`` process under the run's own Ray). A client fault must be absorbed (exit 0, the
 unfaulted ``model_sha256``); a dead server must end the run within ``--prompt`` seconds with the
-``rayfl resume`` command, and that resume must give the unfaulted ``model_sha256``. Usage:
+``rayfl resume`` command, and that resume must give the unfaulted ``model_sha256``; after a
+killed driver, ``rayfl resume`` must give it too. Extra overrides (e.g. an asynchronous mode)
+follow the fault. Usage:
 
     PYTHONPATH=$PWD nice -n 19 python benchmarks/fault_trials.py client-kill [--trials 10]
+    PYTHONPATH=$PWD python benchmarks/fault_trials.py driver-kill aggregation.mode=fedbuff \
+        aggregation.concurrency=8 aggregation.buffer_size=3 availability.dropout=0.2
 """
 
 from __future__ import annotations
@@ -75,12 +79,13 @@ def _server_pid(root_pid: int) -> int | None:
     return None
 
 
-def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float) -> dict:
+def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float,
+          config: list[str]) -> dict:
     rng = random.Random(i)
     run_dir = os.path.join(work, f"trial-{i}")
     env = _env(os.path.join(work, "cache"))
     at = rng.randint(1, 4)  # the progress line after which the signal comes (1-based round)
-    proc = subprocess.Popen(_cmd("run", TINY, *CONFIG, f"--run-dir={run_dir}"),
+    proc = subprocess.Popen(_cmd("run", TINY, *config, f"--run-dir={run_dir}"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
     fired = threading.Event()
@@ -92,6 +97,8 @@ def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float
             with open(os.path.join(run_dir, "actors.json")) as f:
                 pids = [a["pid"] for a in json.load(f).values()]
             target = pids[i % len(pids)]
+        elif fault == "driver-kill":
+            target = proc.pid
         else:
             target = _server_pid(proc.pid)
         if target is not None:
@@ -118,6 +125,10 @@ def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float
     fired.wait(5)
     res = {"trial": i, "fault": fault, "after_round": at, "fired": bool(fired_at), "exit": code,
            "tail": lines[-2:]}
+    if fault == "driver-kill" and code != 0:
+        resume = subprocess.run(_cmd("resume", run_dir, "--quiet"), capture_output=True,
+                                text=True, env=env, timeout=limit, check=False)
+        res["resume_exit"] = resume.returncode
     if fault == "server-kill":
         res["stop_s"] = round(ended - fired_at[0], 1) if fired_at else None
         said = any("rayfl resume" in ln for ln in lines)
@@ -136,20 +147,23 @@ def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("fault", choices=["client-kill", "client-stop", "server-kill"])
+    ap.add_argument("fault", choices=["client-kill", "client-stop", "server-kill",
+                                          "driver-kill"])
+    ap.add_argument("overrides", nargs="*", help="config overrides after the trials' own")
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--prompt", type=float, default=30.0, help="seconds a dead server may take "
                     "to end the run")
     ap.add_argument("--limit", type=float, default=300.0, help="seconds a run may take")
     args = ap.parse_args()
+    config = [*CONFIG, *args.overrides]
     with tempfile.TemporaryDirectory() as work:
         clean_dir = os.path.join(work, "clean")
-        subprocess.run(_cmd("run", TINY, *CONFIG, "--quiet", f"--run-dir={clean_dir}"),
+        subprocess.run(_cmd("run", TINY, *config, "--quiet", f"--run-dir={clean_dir}"),
                        env=_env(os.path.join(work, "cache")), check=True, capture_output=True)
         clean = _sha(clean_dir)
         tally: dict[str, int] = {}
         for i in range(args.trials):
-            res = trial(args.fault, i, work, clean, args.prompt, args.limit)
+            res = trial(args.fault, i, work, clean, args.prompt, args.limit, config)
             tally[res["outcome"]] = tally.get(res["outcome"], 0) + 1
             print(json.dumps(res), flush=True)
     print(json.dumps({"fault": args.fault, "trials": args.trials, **tally}), flush=True)
