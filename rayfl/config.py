@@ -324,6 +324,9 @@ class EvalConfig:
     """Evaluation of the deployed model on the test set."""
 
     every: int = field(1, doc="evaluate every this many rounds (and always the last)", lo=1)
+    last_rounds: int = field(0, doc="also evaluate each of the last this many rounds: a "
+                                    "paper's mean over its last rounds at eval.every > 1",
+                             lo=0)
     batch_size: int = field(1000, doc="evaluation batch size", lo=1)
     last_k: int = field(10, doc="summary reports the mean of the last k evaluations", lo=1)
     target_accuracy: Optional[float] = field(None, doc="report the first round reaching it",

@@ -34,6 +34,21 @@ def test_run_directory_holds_everything(ray_local, tiny):
     assert result.params.dtype == np.float32 and np.isfinite(result.params).all()
 
 
+def test_last_rounds_are_evaluated_each_and_the_model_is_unchanged(tiny):
+    """eval.every=3 with eval.last_rounds=3 over 7 rounds evaluates rounds 3 and 5, 6, 7: a
+    paper's mean over its last rounds without evaluating every round; evaluating never changes
+    the model."""
+    common = tiny + ["rounds=7", "runtime.executor=inprocess", "eval.last_k=2"]
+    sparse = rayfl.run(TINY, common + ["eval.every=3", "eval.last_rounds=3"], quiet=True)
+    dense = rayfl.run(TINY, common, quiet=True)
+    acc = sparse.metrics.column("test_accuracy").to_pylist()
+    assert [i + 1 for i, a in enumerate(acc) if a is not None] == [3, 5, 6, 7]
+    assert acc[-2:] == dense.metrics.column("test_accuracy").to_pylist()[-2:]
+    assert sparse.summary["model_sha256"] == dense.summary["model_sha256"]
+    assert sparse.summary["mean_last_2_evals_accuracy"] == \
+        dense.summary["mean_last_2_evals_accuracy"]
+
+
 def test_training_learns(ray_local, tiny):
     result = rayfl.run(TINY, tiny + ["rounds=8", "local.epochs=2"], quiet=True)
     acc = result.metrics.column("test_accuracy").to_pylist()

@@ -4,8 +4,8 @@ For each partition (Dirichlet α = 0.1; #C = 2 label-sorted shards) and seed: a 
 300 rounds that keeps its checkpoint of round t_s − P + 1 = 221, then FedAvg+IMA (t_s = 225,
 P = 5, lr × 0.97 per round after t_s) forked from it, sharing the first 221 rounds. Runs that
 finished are reused, runs that stopped are resumed, so the command can be re-run until the table
-is complete. Metric: the mean test accuracy of the last 10 rounds (``mean_last_10_evals_accuracy``
-with an evaluation every round), as in the paper.
+is complete. Metric: the mean test accuracy of the last 10 rounds, as in the paper
+(``mean_last_10_evals_accuracy``: the config evaluates every 10th round and each of the last 10).
 
     python benchmarks/papers/ima_table1.py --out runs/papers/ima --seeds 0,1
 """

@@ -55,7 +55,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
         "elapsed_s": ("s", "wall time since the run started, resumed runs included"),
     },
-    "evaluated rounds (every eval.every rounds and the last; null otherwise)": {
+    "evaluated rounds (every eval.every rounds, the last eval.last_rounds and the last; null "
+    "otherwise)": {
         "test_loss": ("loss", "mean loss of the deployed model on the test set"),
         "test_accuracy": ("fraction 0–1", "accuracy of the deployed model on the test set"),
         "val_loss": ("loss", ("mean loss on the validation clients' rows "

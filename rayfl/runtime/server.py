@@ -138,7 +138,8 @@ class Server:
         for t in range(self.next_round, end):
             row = self.round(t)
             last = t == final - 1
-            if t % cfg.eval.every == cfg.eval.every - 1 or last:
+            if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
+                    or last:
                 row.update(self.evaluate())
                 if self.client_eval is not None:
                     row.update(self.client_eval.evaluate(t, self.algorithm.deployed(self.state)))
