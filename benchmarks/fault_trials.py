@@ -125,10 +125,14 @@ def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float
     fired.wait(5)
     res = {"trial": i, "fault": fault, "after_round": at, "fired": bool(fired_at), "exit": code,
            "tail": lines[-2:]}
+    if not fired_at and any("did not start" in ln for ln in lines):
+        res["outcome"] = "ray-did-not-start"  # an overloaded machine, not the fault: re-run
+        return res
     if fault == "driver-kill" and code != 0:
         resume = subprocess.run(_cmd("resume", run_dir, "--quiet"), capture_output=True,
                                 text=True, env=env, timeout=limit, check=False)
         res["resume_exit"] = resume.returncode
+        res["resume_said"] = (resume.stderr.strip().splitlines() or [""])[-1][:200]
     if fault == "server-kill":
         res["stop_s"] = round(ended - fired_at[0], 1) if fired_at else None
         said = any("rayfl resume" in ln for ln in lines)
@@ -141,6 +145,7 @@ def trial(fault: str, i: int, work: str, clean: str, prompt: float, limit: float
         resume = subprocess.run(_cmd("resume", run_dir, "--quiet"), capture_output=True,
                                 text=True, env=env, timeout=limit, check=False)
         res["resume_exit"] = resume.returncode
+        res["resume_said"] = (resume.stderr.strip().splitlines() or [""])[-1][:200]
     res["outcome"] = "same" if _sha(run_dir) == clean else "different"
     return res
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rayfl.runtime.cluster import RayStartError
 from rayfl.schema import ConfigError
 from rayfl.simulation import RunStopped
 
@@ -336,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunStopped as e:
         print(f"rayfl: run stopped: {e}", file=sys.stderr)
+        return 1
+    except RayStartError as e:
+        print(f"rayfl: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # the run printed how to continue; no traceback
         _quiet_shutdown()

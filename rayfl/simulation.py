@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,10 +81,12 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
                                   max_task_retries=rt.max_actor_restarts,
                                   runtime_env={"env_vars": env} if env else None)
               .remote(cfg, handle, state_root, budget) for n in names]
+    tick = time.perf_counter()
     placement = ray.get([a.ready.remote() for a in actors])
+    startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume)
+        cfg, handle, run_dir, names, resume, startup_s)
     return server, actors
 
 

@@ -192,3 +192,23 @@ def test_resume_refuses_a_directory_rayfl_did_not_make(files, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run_dir" in err[0] and "fingerprint.json" in err[0]
     assert sorted(os.listdir(run_dir)) == before
+
+
+def test_a_ray_that_does_not_start_is_one_line_and_creates_nothing(tmp_path, capsys,
+                                                                    monkeypatch):
+    """Ray's own start-up timeout (a bare Exception after 30 s on an overloaded machine) ends
+    the command with one line, exit 1, and no run directory."""
+    import ray
+
+    def slow_start(*_a, **_k):
+        raise Exception("The current node timed out during startup. This could happen because "
+                        "some of the raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", slow_start)
+    runs = tmp_path / "runs"
+    code = main(["run", TINY, f"output_dir={runs}", f"data.cache_dir={tmp_path / 'cache'}",
+                 "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "did not start" in err[0], err
+    assert not runs.exists()

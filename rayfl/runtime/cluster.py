@@ -16,6 +16,11 @@ from rayfl import registry
 from rayfl.schema import ConfigError
 
 
+class RayStartError(RuntimeError):
+    """A local Ray did not come up (Ray gives a raylet 30 s to register; an overloaded machine
+    can miss it): nothing of the run was created, and the same command can simply be re-run."""
+
+
 def components(cfg) -> list:
     """The config's algorithm, model, dataset and availability model that are not built-ins."""
     sections = (cfg.algorithm, cfg.model, cfg.data, cfg.availability)
@@ -44,9 +49,16 @@ def connect_ray(cfg, num_cpus: int | None = None) -> bool:
     else:
         needed = math.ceil(rt.num_actors * rt.cpus_per_actor)
         cpus = num_cpus or rt.ray_num_cpus or max(os.cpu_count() or 1, needed)
-        ray.init(address="local", num_cpus=cpus, num_gpus=rt.ray_num_gpus,
-                 include_dashboard=rt.dashboard, runtime_env=env or None,
-                 logging_level="WARNING", configure_logging=True)
+        try:
+            ray.init(address="local", num_cpus=cpus, num_gpus=rt.ray_num_gpus,
+                     include_dashboard=rt.dashboard, runtime_env=env or None,
+                     logging_level="WARNING", configure_logging=True)
+        except Exception as e:  # Ray reports a start-up timeout as a bare Exception
+            if "timed out during startup" not in str(e):
+                raise
+            raise RayStartError("the local Ray did not start in time (is the machine "
+                                "overloaded?); nothing was created, run the command again") \
+                from None
     return True
 
 

@@ -28,25 +28,29 @@ class RayExecutor:
 
     An actor that dies mid-round is restarted by Ray (``max_restarts``) and its call re-run
     (``max_task_retries``); one that does not answer within ``timeout_s`` is killed so that the
-    same happens. Groups depend only on the sampled set and a client's state versions are
-    written once per round, so a re-run gives exactly the bytes the first run would have.
+    same happens, and the re-run gets ``startup_s`` (the actors' own start-up time) on top of the
+    deadline. Groups depend only on the sampled set and a client's state versions are written
+    once per round, so a re-run gives exactly the bytes the first run would have.
     """
 
     def __init__(self, actor_names: list[str], sizes: np.ndarray, timeout_s: float | None = None,
-                 max_restarts: int = 0):
+                 max_restarts: int = 0, startup_s: float = 0.0):
         import ray
 
         self.actors = [ray.get_actor(n) for n in actor_names]
         self.sizes, self.timeout_s, self.max_restarts = sizes, timeout_s, max_restarts
+        self.startup_s = startup_s
         self.restarts = 0  # actors killed for hanging, over the run
 
     def _wait(self, refs: list, owners: list) -> list[dict]:
         """Results of ``refs``, killing (so restarting) owners that exceed the deadline."""
         import ray
 
-        pending = list(refs)
+        pending, deadline = list(refs), self.timeout_s
         while pending:
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=self.timeout_s)
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=deadline)
+            if pending and deadline is not None:
+                deadline = self.timeout_s + self.startup_s  # the killed restart first
             for ref in pending:
                 self.restarts += 1
                 if self.restarts > self.max_restarts * len(self.actors):

@@ -36,8 +36,9 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False):
-        """``actor_names``: the client actors to train on (None: train in this process)."""
+                 resume: bool = False, actor_startup_s: float = 0.0):
+        """``actor_names``: the client actors to train on (None: train in this process);
+        ``actor_startup_s``: how long they took to start (a restarted one gets it again)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
@@ -68,7 +69,7 @@ class Server:
             executor = InProcessExecutor(worker)
         else:
             executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
-                                   cfg.runtime.max_actor_restarts)
+                                   cfg.runtime.max_actor_restarts, actor_startup_s)
         self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
                               chain)
         self.asynchronous = async_loop.for_server(cfg, self.algorithm, self.loop, self.sampler)
