@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 
 import rayfl
 from rayfl.models import sha256_of
@@ -79,6 +80,24 @@ def test_fractional_gpus_pack_four_actors_on_one_gpu(tmp_path):
     assert sorted(placement) == [f"rayfl/run/client-{i}" for i in range(4)]
     assert all(p["gpu_ids"] == ["0"] for p in placement.values())
     assert {p["device"] for p in placement.values()} == {"cpu"}
+
+
+@pytest.mark.parametrize("gpus, ray_ids, cuda, device", [
+    (0.25, ["0"], True, "cuda"),   # Ray gave a GPU and torch sees CUDA
+    (0.25, ["0"], False, "cpu"),   # a logical GPU only (this machine)
+    (0.25, [], True, "cpu"),       # Ray assigned none
+    (0.0, ["0"], True, "cpu"),     # not asked for
+])
+def test_an_actor_trains_on_cuda_only_when_ray_gave_it_a_gpu_torch_can_see(
+        gpus, ray_ids, cuda, device, monkeypatch):
+    import ray
+    import torch
+
+    from rayfl.runtime.client_actor import pick_device
+
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_ids)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert pick_device(gpus) == torch.device(device)
 
 
 def _rayfl(*args, env=None):
