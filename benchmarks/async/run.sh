@@ -7,4 +7,4 @@ run() { name=$1; shift; .venv/bin/rayfl run $CFG --quiet --run-dir runs/async/$n
 run fedbuff rounds=400
 run fedavg_sync aggregation.mode=sync rounds=250
 run fedasync aggregation.mode=fedasync aggregation.buffer_size=null aggregation.concurrency=10 \
-  aggregation.mixing=0.6 rounds=3000 eval.every=20
+  aggregation.mixing=0.6 rounds=2000 eval.every=20
