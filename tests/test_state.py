@@ -46,14 +46,19 @@ STATEFUL = [
 
 
 @pytest.mark.parametrize("algo", STATEFUL, ids=lambda a: a[0].split("=")[1])
-def test_state_survives_spill_and_resume(ray_local, tiny, tmp_path, algo):
-    """Reference: in this process (no actors), roomy memory, one go. Other: 1 client actor, no
-    memory (every state read back from disk), paused after 3 rounds and resumed. The final
-    bytes must be equal."""
+def test_state_survives_spill_and_resume(request, tiny, tmp_path, algo):
+    """Reference: in this process, roomy memory, one go. Other: no memory (every state read
+    back from disk), paused after 3 rounds and resumed — on 1 client actor for SCAFFOLD, in
+    this process for the others (the same ClientWorker and state store; one Ray case keeps the
+    suite short). The final bytes must be equal."""
     base = tiny + algo + ["rounds=6", "clients_per_round=6"]
     plain = rayfl.run(TINY, base + ["runtime.state_memory_mb=64", "runtime.executor=inprocess"],
                       quiet=True)
-    other = base + ["runtime.state_memory_mb=0", "runtime.num_actors=1"]
+    on_ray = algo == STATEFUL[0]
+    if on_ray:
+        request.getfixturevalue("ray_local")
+    where = "runtime.num_actors=1" if on_ray else "runtime.executor=inprocess"
+    other = base + ["runtime.state_memory_mb=0", where]
     paused = rayfl.run(TINY, other, run_dir=str(tmp_path / "paused"), quiet=True, max_rounds=3)
     assert paused.summary["status"] == "paused" and paused.metrics.num_rows == 3
     resumed = rayfl.resume(str(tmp_path / "paused"), quiet=True)
