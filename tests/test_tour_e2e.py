@@ -94,10 +94,13 @@ def test_interrupt_prints_the_resume_hint_without_traceback(tmp_path, sig):
     """A run far too long to finish is interrupted once it has printed its first round."""
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT}
+    # SIGINT at its default disposition whatever this process inherited: a test runner started
+    # in the background (nohup, `cmd &`) ignores SIGINT, and the child would inherit that
     proc = subprocess.Popen(
         [sys.executable, "-m", "rayfl", "run", TINY, f"data.cache_dir={tmp_path / 'cache'}",
          "rounds=1000000", "runtime.num_actors=1", "--run-dir", str(run_dir)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:
         if line.startswith("round 1/"):
             break
