@@ -33,7 +33,7 @@ test: $(STAMP) fmnist
 	$(BIN)/python -m pytest
 
 bench: $(STAMP) fmnist
-	$(BIN)/python benchmarks/bench_round.py
+	$(BIN)/python benchmarks/bench_round.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) runs

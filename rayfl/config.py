@@ -71,6 +71,9 @@ class ModelConfig(registry.Named):
     hidden: Optional[list[int]] = field(None, doc="hidden widths for mlp (default 100,100)")
     groups: int = field(2, doc="GroupNorm groups in resnet18_gn (IMA: 2); must divide 64", lo=1)
     embedding_dim: int = field(32, doc="ncf: user/item embedding width", lo=1, hi=2**16)
+    channels_last: bool = field(True, doc="convolution weights and activations in channels-last "
+                                "(NHWC) layout: faster convolutions on CPU and GPU, the same "
+                                "math (float rounding differs from false)")
     params: Any = field(None, doc="validated Params of the chosen model", flatten=True)
 
     def check(self, prefix: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -45,6 +46,64 @@ def test_models_map_a_batch_to_logits_and_flatten(name, shape, classes):
     out = model.module(torch.randn(2, *shape))
     assert out.shape == (2, classes)
     assert model.dim == n_params(model.module)
+
+
+def papers_order(net: nn.Sequential) -> nn.Sequential:
+    """The same layers (and weights) as the papers draw them: conv → ReLU → pool."""
+    layers, out = list(copy.deepcopy(net)), []
+    while layers:
+        layer = layers.pop(0)
+        if isinstance(layer, nn.MaxPool2d) and isinstance(layers[0], nn.ReLU):
+            out += [nn.ReLU(), layer]
+            layers.pop(0)
+        else:
+            out.append(nn.ReLU() if isinstance(layer, nn.ReLU) else layer)
+    return nn.Sequential(*out)
+
+
+@pytest.mark.parametrize("name, shape", [("fmnist_cnn", (1, 28, 28)), ("cifar_cnn", (3, 32, 32)),
+                                         ("lenet5", (1, 28, 28))])
+def test_cnns_pooling_before_relu_are_the_papers_conv_relu_pool_bit_for_bit(name, shape):
+    """Max-pooling and ReLU commute: outputs and every gradient are identical, ties included
+    (inputs rounded to a coarse grid make equal maxima and exact zeros common)."""
+    torch.manual_seed(0)
+    net = build_model(name, shape, 10)
+    ref = papers_order(net)
+    assert [type(m) for m in ref][:3] == [nn.Conv2d, nn.ReLU, nn.MaxPool2d]
+    x, y = (torch.randn(16, *shape) * 4).round() / 4, torch.randint(0, 10, (16,))
+    outs = []
+    for m in (net, ref):
+        out = m(x)
+        nn.functional.cross_entropy(out, y).backward()
+        outs.append(out.detach())
+    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(net.parameters(), ref.parameters()))
+
+
+@pytest.mark.parametrize("name, shape", [("fmnist_cnn", (1, 28, 28)), ("resnet18_gn", (3, 32, 32)),
+                                         ("mlp", (20,))])
+def test_channels_last_flat_model_is_the_plain_module(name, shape):
+    """model.channels_last keeps w and g in the usual parameter order; gradients and predictions
+    are the plain module's (to float rounding), and gradients never accumulate across calls."""
+    torch.manual_seed(0)
+    plain = build_model(name, shape, 10)
+    fm = FlatModel(copy.deepcopy(plain), channels_last=True)
+    assert bool(fm.copied) == (name != "mlp")  # only 4-d (conv) weights get their own copy
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p, _, _ in fm.copied)
+    params = list(plain.parameters())
+    assert torch.equal(fm.w, torch.cat([p.detach().reshape(-1) for p in params]))
+    point = fm.w + 0.01 * torch.randn(fm.dim)
+    x, y = torch.randn(4, *shape), torch.randint(0, 10, (4,))
+    loss, g = fm.loss_and_grad(point, x, y, nn.CrossEntropyLoss())
+    first = g.clone()
+    torch.nn.utils.vector_to_parameters(point, params)
+    ref_loss = nn.functional.cross_entropy(plain(x), y)
+    ref_loss.backward()
+    ref = torch.cat([p.grad.reshape(-1) for p in params])
+    assert torch.allclose(loss, ref_loss, rtol=1e-5) and torch.allclose(g, ref, atol=1e-5)
+    assert torch.equal(fm.loss_and_grad(point, x, y, nn.CrossEntropyLoss())[1], first)
+    plain.eval()
+    assert torch.allclose(fm.predict(point, x), plain(x), atol=1e-5)
 
 
 def test_resnet18_gn_is_torchvisions_with_two_group_norm_groups():

@@ -27,8 +27,15 @@ def test_run_directory_holds_everything(ray_local, tiny):
     assert [r["round"] for r in table] == [1, 2, 3]  # rounds count from 1
     assert [r["test_accuracy"] is not None for r in table] == [False, True, True]
     assert all(r["sampled"] == 5 and r["completed"] == 5 for r in table)
-    for phase in ("plan_s", "train_s", "aggregate_s", "round_s"):
+    for phase in ("plan_s", "train_s", "aggregate_s", "round_s", "checkpoint_s"):
         assert all(r[phase] >= 0 for r in table)
+    # checkpoint every round: each row after the first carries the previous one's write time
+    assert table[0]["checkpoint_s"] == 0 and all(r["checkpoint_s"] > 0 for r in table[1:])
+    for r in table:  # one entry per busy actor: their samples add up to the round's
+        assert sum(r["actor_samples"]) == r["samples"] and len(r["actor_train_s"]) == 2
+        assert max(r["actor_train_s"]) == r["actor_train_s_max"]
+        assert r["actor_imbalance"] == pytest.approx(
+            max(r["actor_train_s"]) / np.mean(r["actor_train_s"]))
     summary = json.load(open(os.path.join(result.run_dir, "summary.json")))
     assert summary["model_sha256"] == sha256_of(result.params)
     assert summary["final_accuracy"] == table[-1]["test_accuracy"]

@@ -47,10 +47,22 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "plan_s": ("s", "sampling and availability planning"),
         "train_s": ("s", "wall time of the clients' training (all actors, in parallel)"),
         "aggregate_s": ("s", "merging the partial sums and the server update"),
+        "actor_train_s": ("list of s", ("each client actor call's training time (sync rounds: "
+                                        "one entry per busy actor, in actor order)")),
+        "actor_samples": ("list of rows", "the rows each of those calls trained"),
         "actor_train_s_max": ("s", "the slowest client actor's training time"),
-        "actor_peak_rss_mb": ("MiB", "largest peak resident memory of a client actor"),
+        "actor_imbalance": ("ratio ≥ 1", ("max / mean of actor_train_s: 1 is a perfectly "
+                                         "balanced round")),
+        "actor_peak_rss_mb": ("MiB", ("largest peak resident memory of a client actor (with "
+                                      "the pages of the memory-mapped data store it read: "
+                                      "shared page cache, reclaimable)")),
+        "actor_private_mb": ("MiB", ("largest anonymous (allocated, not file-backed) resident "
+                                     "memory of a client actor after the round")),
         "server_peak_rss_mb": ("MiB", "peak resident memory of the server process"),
         "round_s": ("s", "plan_s + train_s + aggregate_s"),
+        "checkpoint_s": ("s", ("writing the checkpoint that followed the previous round (0 "
+                              "when none did; logged here because a round's row is durable "
+                              "before its own checkpoint commits)")),
         "eval_s": ("s", "test (and validation) evaluation, on evaluated rounds"),
         "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
         "elapsed_s": ("s", "wall time since the run started, resumed runs included"),

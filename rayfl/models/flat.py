@@ -12,18 +12,31 @@ from torch import nn
 
 
 class FlatModel:
-    """Wraps ``module`` so that ``self.w`` holds all parameters and ``self.g`` all gradients."""
+    """Wraps ``module`` so that ``self.w`` holds all parameters and ``self.g`` all gradients.
 
-    def __init__(self, module: nn.Module, device: str | torch.device = "cpu"):
+    With ``channels_last``, 4-d (convolution) weights keep their own channels-last copy, which
+    makes the convolutions run in NHWC layout (oneDNN's fast path on CPU, and cuDNN's on GPU);
+    ``w`` and ``g`` keep the usual parameter order, and each load and gradient copies those
+    few weights across (the other parameters stay views).
+    """
+
+    def __init__(self, module: nn.Module, device: str | torch.device = "cpu",
+                 channels_last: bool = False):
         self.module = module.to(device)
         params = [p for p in self.module.parameters() if p.requires_grad]
         self.w = torch.cat([p.detach().reshape(-1) for p in params]).contiguous()
         self.g = torch.zeros_like(self.w)
+        self.copied: list[tuple[nn.Parameter, torch.Tensor, torch.Tensor]] = []
         offset = 0
         for p in params:
             n = p.numel()
-            p.data = self.w[offset:offset + n].view_as(p)
-            p.grad = self.g[offset:offset + n].view_as(p)
+            w, g = self.w[offset:offset + n].view_as(p), self.g[offset:offset + n].view_as(p)
+            if channels_last and p.dim() == 4:
+                p.data = w.clone(memory_format=torch.channels_last)
+                p.grad = torch.zeros_like(p.data)
+                self.copied.append((p, w, g))
+            else:
+                p.data, p.grad = w, g
             offset += n
         self.dim = offset
         self.device = self.w.device
@@ -31,20 +44,26 @@ class FlatModel:
     def load(self, flat: torch.Tensor) -> None:
         """Set all parameters from a flat vector."""
         self.w.copy_(flat)
+        for p, w, _ in self.copied:
+            p.data.copy_(w)
 
     def loss_and_grad(self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
                       loss_fn) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss and flat gradient at ``point`` on one minibatch (gradient buffer is reused)."""
-        self.w.copy_(point)
+        self.load(point)
         self.g.zero_()
+        for p, _, _ in self.copied:
+            p.grad.zero_()
         loss = loss_fn(self.module(x), y)
         loss.backward()
+        for p, _, g in self.copied:
+            g.copy_(p.grad)
         return loss.detach(), self.g
 
     @torch.no_grad()
     def predict(self, point: torch.Tensor, x: torch.Tensor, batch_size: int = 1000):
         """Outputs of ``point`` on ``x``, in batches (eval mode)."""
-        self.w.copy_(point)
+        self.load(point)
         self.module.eval()
         out = torch.cat([self.module(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
         self.module.train()

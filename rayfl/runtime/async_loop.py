@@ -34,6 +34,7 @@ import torch
 from rayfl.algorithms.base import Aggregate, Algorithm, State
 from rayfl.availability.base import DROPOUT, SAMPLE
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
+from rayfl.runtime.executors import actor_metrics
 from rayfl.runtime.loop import balance
 from rayfl.schema import ConfigError
 
@@ -375,15 +376,13 @@ class AsyncRounds:
         server.prev_delta = agg.delta_mean if agg.count else server.prev_delta
         server.virtual_time = self.loop.now
         round_s = time.perf_counter() - tick
-        reports = window.reports
         return {
             **metrics, "round": t,
             "lr": server.algorithm.local_lr(t, server.cfg.local.lr, server.cfg.local.lr_decay),
             "train_loss": total.loss_sum / max(total.count, 1),
             "samples": total.samples, "local_steps": total.steps, **drift,
             "train_s": window.train_s, "aggregate_s": round_s - window.train_s, "plan_s": 0.0,
-            "actor_train_s_max": max((r["seconds"] for r in reports), default=0.0),
-            "actor_peak_rss_mb": max((r["peak_rss_mb"] for r in reports), default=0.0),
+            **actor_metrics(window.reports),
             "round_s": round_s,
         }
 

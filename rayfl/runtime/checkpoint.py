@@ -134,9 +134,28 @@ def kept_name(round_: int) -> str:
     return f"checkpoints/round-{round_:05d}.pt"
 
 
+def _sparse(versions: np.ndarray) -> dict:
+    """Client-state versions as (clients holding state, their versions): a checkpoint's size
+    follows the clients that trained, not the registered population."""
+    held = np.flatnonzero(versions >= 0)
+    return {"size": len(versions), "clients": held.astype(np.int64),
+            "rounds": versions[held].astype(np.int32)}
+
+
+def _dense(versions) -> np.ndarray:
+    """The version array (−1: no state) from :func:`_sparse`'s form (or a dense array)."""
+    if not isinstance(versions, dict):
+        return versions
+    out = np.full(int(versions["size"]), -1, dtype=np.int32)
+    out[versions["clients"]] = versions["rounds"]
+    return out
+
+
 def save(location: str, payload: dict, keep: bool = False) -> None:
     """Write the checkpoint atomically (a crash leaves the previous one intact); ``keep``: also
     as the kept checkpoint of its round (written first, so the latest never lags it)."""
+    if isinstance(payload.get("versions"), np.ndarray):
+        payload = {**payload, "versions": _sparse(payload["versions"])}
     storage, writer = Storage(location), _writer(payload)
     if keep:
         storage.write_with(kept_name(payload["round"] + 1), writer, durable=True)
@@ -150,7 +169,14 @@ def load(location: str, name: str = NAME) -> dict:
         data = storage.read(name)
     except FileNotFoundError:
         raise ConfigError("checkpoint", storage.path(name), "an existing checkpoint") from None
-    return decode(data, storage.path(name))
+    ck = decode(data, storage.path(name))
+    if isinstance(ck, dict) and isinstance(ck.get("versions"), dict):
+        try:
+            ck["versions"] = _dense(ck["versions"])
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ConfigError("checkpoint", storage.path(name), "a checkpoint holding client-"
+                              "state versions (they are malformed)") from None
+    return ck
 
 
 def kept_rounds(location: str) -> list[int]:

@@ -28,9 +28,32 @@ from rayfl.runtime.state_store import StateStore
 from rayfl.transforms import transforms_from_config
 
 
+def _status_mb(field: str) -> float | None:
+    """A memory line of Linux's ``/proc/self/status`` in MiB (None elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MiB."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's own peak resident memory so far, in MiB: Linux's VmHWM (``getrusage``'s
+    maximum also counts the parent's memory at fork time, which for a Ray worker is the raylet's
+    or the driver's), else ``getrusage``. It includes pages of the memory-mapped data store
+    this process has read (shared page cache, reclaimable)."""
+    peak = _status_mb("VmHWM")
+    return peak if peak is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def private_mb() -> float:
+    """This process's anonymous resident memory now, in MiB: what it allocated itself, without
+    mapped files (NaN where Linux's ``/proc`` is missing)."""
+    anon = _status_mb("RssAnon")
+    return float("nan") if anon is None else anon
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -43,7 +66,7 @@ def pick_device(gpus: float) -> torch.device:
 def model_for(cfg, handle, device) -> FlatModel:
     """The configured model, initialised from the run seed, as a :class:`FlatModel`."""
     torch.manual_seed(cfg.seed)
-    return FlatModel(build_for(cfg.model, handle), device)
+    return FlatModel(build_for(cfg.model, handle), device, cfg.model.channels_last)
 
 
 def inject_fault(t: int) -> None:
@@ -121,7 +144,8 @@ class ClientWorker:
                                      self.transforms, on_model)
         return {"sums": [(g, acc.to("cpu")) for g, acc in sums], "written": written,
                 "seconds": time.perf_counter() - start,
-                "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb()}
+                "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb(),
+                "private_mb": private_mb()}
 
     def setup_summaries(self, client_ids) -> np.ndarray:
         """The algorithm's one-off per-client summaries (``client_setup``), one row per client."""

@@ -26,7 +26,7 @@ from rayfl.metrics.log import MetricsLog
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
-from rayfl.runtime.executors import InProcessExecutor, RayExecutor
+from rayfl.runtime.executors import InProcessExecutor, RayExecutor, actor_metrics
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.local import spec_from_config
 from rayfl.transforms import transforms_from_config
@@ -136,8 +136,10 @@ class Server:
         cfg = self.cfg
         final = self.final_round  # cfg.rounds, or fewer when privacy.target_epsilon binds
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
+        checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
         for t in range(self.next_round, end):
             row = self.round(t)
+            row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
                     or last:
@@ -153,7 +155,7 @@ class Server:
                     or t + 1 in cfg.checkpoint.keep):
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
-                row["checkpoint_s"] = time.perf_counter() - tick
+                checkpoint_s = time.perf_counter() - tick
             self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
@@ -187,7 +189,6 @@ class Server:
         if keep_dir is not None:
             self._keep_global(keep_dir)
         agg_s = out.aggregate_s + time.perf_counter() - tick
-        reports = out.reports
         return {
             **plan.metrics,
             **({} if self.accounting is None else
@@ -198,8 +199,7 @@ class Server:
             "samples": total.samples, "local_steps": total.steps,
             "virtual_time_s": self.virtual_time, **drift, **out.metrics,
             "plan_s": plan_s, "train_s": out.train_s, "aggregate_s": agg_s,
-            "actor_train_s_max": max((r["seconds"] for r in reports), default=0.0),
-            "actor_peak_rss_mb": max((r["peak_rss_mb"] for r in reports), default=0.0),
+            **actor_metrics(out.reports),
             "server_peak_rss_mb": peak_rss_mb(),
             "round_s": plan_s + out.train_s + agg_s,
         }
