@@ -23,12 +23,13 @@ from tests.conftest import ROOT, TINY
 
 # Arguments appended to each README command (later overrides win) to keep it seconds long.
 SHORT = {
-    "run": ["rounds=3", "runtime.cpus_per_actor=0.5"],
+    # Ray: the Python snippet runs on it (and tests/test_runtime.py, test_open_core.py)
+    "run": ["rounds=3", "runtime.executor=inprocess"],
     "resume": [],
     "fork": ["runtime.executor=inprocess"],  # a Ray fork: tests/test_fork.py
     "compare": ["rounds=2", "runtime.executor=inprocess"],  # Ray: covered by run and resume
     "tune": ["trials=2", "parallel=1", "overrides=[algorithm.name=adabest,"
-             "data.validation_clients=4,runtime.num_actors=1]"],
+             "data.validation_clients=4,runtime.executor=inprocess]"],
     "analyze interpolate": ["--steps", "3", "--max-samples", "50"],
     "analyze plane": ["--grid", "3", "--max-samples", "50"],
     "analyze decompose": ["--subsets", "1", "--cohort-samples", "50", "--max-samples", "50"],

@@ -65,12 +65,14 @@ def test_parallel_trials_run_at_once_in_their_own_placement_groups(ray_local, tm
 def test_small_study_prunes_resumes_and_yields_a_runnable_best_config(ray_local, tmp_path):
     """One trial at a time, so the pruner always sees the same finished trials: the outcome is
     fixed by the seeds, not by which run finishes first or how fast the study reads them."""
-    setup = spec.build(_raw(
+    raw = _raw(
         tmp_path, "tiny",
         # two good trials first (3 epochs: clearly above the initial model from round 0 on);
         # the third barely moves the model, below the median of both finished ones
         enqueue=[{"local.lr": 0.2}, {"local.lr": 0.1}, {"local.lr": 1e-4}],
-        trials=3, parallel=1, pruner={"startup_trials": 2}))
+        trials=3, parallel=1, pruner={"startup_trials": 2})
+    raw["overrides"].append("runtime.executor=inprocess")  # client actors: the test above
+    setup = spec.build(raw)
     # objective: val_accuracy on the 4 validation clients
 
     with pytest.raises(KeyboardInterrupt):
