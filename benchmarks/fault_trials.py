@@ -30,8 +30,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "test", "tiny.yaml")
-CONFIG = ["rounds=6", "algorithm.name=scaffold", "runtime.num_actors=2",
-          "runtime.actor_timeout_s=20", "runtime.ray_num_cpus=2"]
+# rounds of ~0.3 s, so a signal sent 0-0.5 s after a progress line lands mid-run
+CONFIG = ["rounds=12", "algorithm.name=scaffold", "model.name=mlp", "local.epochs=100",
+          "runtime.num_actors=2", "runtime.actor_timeout_s=20", "runtime.ray_num_cpus=2"]
 
 
 def _cmd(*args: str) -> list[str]:
