@@ -25,6 +25,7 @@ from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import build_for
 from rayfl.runtime import checkpoint, storage
+from rayfl.runtime.storage import StorageError
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
 
 
@@ -95,6 +96,17 @@ class RunStopped(RuntimeError):
     intact and ``rayfl resume`` continues it."""
 
 
+def _cause(e: Exception) -> Exception:
+    """The server's own exception, without the traceback Ray wraps around it."""
+    return getattr(e, "cause", None) or e
+
+
+def _write_failed(e: Exception, run_dir: str) -> RunStopped:
+    return RunStopped(f"the run's files could not be written: {_cause(e)}; the last checkpoint is "
+                      f"intact; once there is room (or write access), continue with: rayfl "
+                      f"resume {run_dir}")
+
+
 def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
             max_rounds: int | None, on_round) -> dict:
     import ray
@@ -116,11 +128,13 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
                              f"(runtime.actor_timeout_s); continue with: rayfl resume {run_dir}"
                              ) from None
         except ActorsLost as e:
-            raise RunStopped(f"{e}; the last checkpoint is intact; continue with: rayfl resume "
-                             f"{run_dir}") from None
+            raise RunStopped(f"{_cause(e)}; the last checkpoint is intact; continue with: rayfl "
+                             f"resume {run_dir}") from None
         except ray.exceptions.RayActorError:
             raise RunStopped(f"the server actor died after round {seen}; the last checkpoint is "
                              f"intact; continue with: rayfl resume {run_dir}") from None
+        except StorageError as e:
+            raise _write_failed(e, run_dir) from None
         seen += len(rows)
         for info in rows:
             if not quiet:
@@ -177,6 +191,8 @@ def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
 
     try:
         return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+    except StorageError as e:
+        raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
         print(resume_hint(run_dir), file=sys.stderr, flush=True)
         raise

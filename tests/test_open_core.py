@@ -166,3 +166,30 @@ def test_a_dead_server_actor_ends_the_run_with_the_resume_command(ray_local, tin
         rayfl.run(TINY, tiny + ["rounds=50"], run_dir=run_dir, quiet=True, on_round=kill_server)
     resumed = rayfl.resume(run_dir, quiet=True, max_rounds=1)
     assert resumed.summary["status"] == "paused"
+
+
+@pytest.mark.parametrize("executor", ["ray", "inprocess"])
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_gives_the_same_bytes(
+        ray_local, tiny, tmp_path, monkeypatch, capsys, executor):
+    """A client's state write fails as on a full disk at the start of round 1 (in a client actor
+    or in-process): exit 1, one line naming the file and the resume command, the checkpoint of
+    round 0 intact; resumed once there is room, the run ends with the unfaulted bytes."""
+    from rayfl import cli
+
+    common = tiny + ["rounds=3", "algorithm.name=scaffold", "runtime.num_actors=2",
+                     f"runtime.executor={executor}"]
+    clean = rayfl.run(TINY, common, quiet=True)
+    marker = tmp_path / "full.marker"
+    monkeypatch.setenv("RAYFL_FAULT", f"full:1:{marker}")
+    run_dir = str(tmp_path / "run")
+    capsys.readouterr()
+    assert cli.main(["run", TINY, *common, f"--run-dir={run_dir}", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"rayfl: run stopped: the run's files could not be written: No space left on device "
+        f"({marker}); the last checkpoint is intact; once there is room (or write access), "
+        f"continue with: rayfl resume {run_dir}") and "Traceback" not in err
+    monkeypatch.delenv("RAYFL_FAULT")
+    resumed = rayfl.resume(run_dir, quiet=True)
+    assert resumed.summary["model_sha256"] == clean.summary["model_sha256"]
+    assert resumed.metrics.column("round").to_pylist() == [1, 2, 3]

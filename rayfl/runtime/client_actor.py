@@ -9,6 +9,7 @@ sums leave the actor.
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import resource
@@ -71,8 +72,9 @@ def model_for(cfg, handle, device) -> FlatModel:
 
 def inject_fault(t: int) -> None:
     """Fault-injection hook for tests: ``RAYFL_FAULT=kill:ROUND:MARKER`` (or ``stop:``) makes the
-    first actor that starts round ROUND SIGKILL (SIGSTOP) itself, once: it creates the file
-    MARKER first, and no actor faults while MARKER exists."""
+    first actor that starts round ROUND SIGKILL (SIGSTOP) itself, once (``full:`` makes it fail
+    as on a full disk): it creates the file MARKER first, and no actor faults while MARKER
+    exists."""
     spec = os.environ.get("RAYFL_FAULT")
     if not spec:
         return
@@ -83,6 +85,8 @@ def inject_fault(t: int) -> None:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
     except FileExistsError:
         return
+    if kind == "full":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), marker)
     os.kill(os.getpid(), signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
 
 

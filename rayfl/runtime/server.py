@@ -130,8 +130,15 @@ class Server:
         A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
         ``on_progress(row)`` (in-process runs) sees each round's metrics row (round 1-based, as
         in ``metrics.parquet``, plus ``rounds``) as it comes; returning True pauses after that
-        round.
+        round. A failed write of the run's files (here or in a client actor) raises
+        :class:`~rayfl.runtime.storage.StorageError`.
         """
+        try:
+            return self._run(max_rounds, on_progress)
+        except OSError as e:
+            raise storage.StorageError.of(e) from None
+
+    def _run(self, max_rounds: int | None, on_progress) -> dict:
         start = time.perf_counter()
         cfg = self.cfg
         final = self.final_round  # cfg.rounds, or fewer when privacy.target_epsilon binds

@@ -55,6 +55,18 @@ def check_location(key: str, location: str) -> None:
                                       "(e.g. s3://bucket/prefix)")
 
 
+class StorageError(RuntimeError):
+    """A write (or read) of the run's files failed mid-run: a full disk, a read-only directory,
+    an unreachable object store. Every write is atomic, so the last checkpoint is intact."""
+
+    @classmethod
+    def of(cls, e: OSError) -> "StorageError":
+        cause = getattr(e, "cause", None) or e  # a client actor's error arrives wrapped by Ray
+        where = getattr(cause, "filename", None)
+        what = getattr(cause, "strerror", None) or str(cause)
+        return cls(redact(f"{what} ({where})" if where else what))
+
+
 def join(location: str, *parts: str) -> str:
     """``location`` with path components appended (a URI keeps its ``?query`` at the end;
     characters a URI cannot hold are percent-encoded, which pyarrow decodes)."""
@@ -136,12 +148,19 @@ class Storage:
             path = os.path.join(self.location, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = path + _TMP
-            with open(tmp, "wb") as f:
-                writer(f)
-                if durable:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as f:
+                    writer(f)
+                    if durable:
+                        f.flush()
+                        os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException as e:  # a full disk or a kill: give the partial file's space back
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                if isinstance(e, OSError) and e.filename is None:
+                    e.filename = path  # say which file
+                raise
             return
         buf = io.BytesIO()
         writer(buf)
