@@ -142,13 +142,20 @@ EXPECTED = [(0, {0, 2}), (10, {0, 2}), (25, {2}), (40, {1, 2}), (55, {0, 1, 2}),
             (1000.5, {0, 2})]
 
 
+# at 160, client 1's interval [30, 60] ends at the dispatch instant (160 mod 100 = 60): it is
+# offline when it would report (a fraction of a second later), so it is lost
+LOST = {160: {1}}
+
+
 def _check_trace(path):
     h = FakeHandle(3)
     s = sampler(h, k=3, model="trace", trace_path=str(path), speed_sigma=0.0)
     for t, (now, want) in enumerate(EXPECTED):
         plan = s.plan(t, now)
-        assert set(plan.clients.tolist()) == set(want), now
+        assert set(np.flatnonzero(s.model.online(t, now)).tolist()) == want, now
         assert plan.metrics["online"] == len(want)
+        assert set(plan.clients.tolist()) == want - LOST.get(now, set()), now
+        assert plan.metrics["dropped"] == len(LOST.get(now, ()))
     wide = sampler(FakeHandle(7), k=7, model="trace", trace_path=str(path))
     assert wide.model.online(0, 40.0).tolist() == [False, True, True] * 2 + [False]
 
@@ -157,6 +164,36 @@ def test_trace_fedscale_pickle_replays_exactly(tmp_path):
     path = tmp_path / "client_behave_trace.pkl"
     path.write_bytes(pickle.dumps(TRACE))
     _check_trace(path)
+
+
+def test_a_trace_client_offline_when_it_would_report_is_lost_in_sync_and_async_rounds(
+        tmp_path):
+    """FedScale's rule: a dispatched client must still be online when it reports. Each local
+    step takes 10 s (1 s per sample, batches of 10, no transfer), so a client of 10..29 samples
+    reports 10, 20 or 30 s after dispatch."""
+    from rayfl.runtime.async_loop import Dispatcher
+
+    path = tmp_path / "trace.pkl"
+    path.write_bytes(pickle.dumps({  # A: [0, 100], B: [0, 5], C: [0, 1000]; period 2000
+        1: {"active": [0], "inactive": [100], "finish_time": 2000},
+        2: {"active": [0], "inactive": [5], "finish_time": 2000},
+        3: {"active": [0], "inactive": [1000], "finish_time": 2000}}))
+    s = sampler(FakeHandle(3), k=3, model="trace", trace_path=str(path), speed_mean=1.0,
+                speed_sigma=0.0)
+    at0 = s.plan(0, 0.0)  # B leaves at 5, before its report at ≥ 10
+    assert at0.clients.tolist() == [0, 2] and at0.dropped.tolist() == [1]
+    at95 = s.plan(1, 95.0)  # B is offline; A leaves at 100, before its report at ≥ 105
+    assert at95.metrics["online"] == 2 and at95.clients.tolist() == [2]
+    assert at95.dropped.tolist() == [0]
+    assert s.model.online_at(np.array([0, 0, 2]), np.array([100.0, 100.5, 2999.0])).tolist() \
+        == [True, False, True]  # the end is inclusive; C loops with period 2000
+
+    online, clients, seconds, failed = Dispatcher(s, seed=0, dropout=0.0).draw(
+        0, 95.0, free=3, busy=np.zeros(0, dtype=np.int64))
+    assert online == 2 and clients.tolist() == [0, 2]
+    assert failed.tolist() == [True, False]  # A is lost, found out when it would have reported
+    steps = np.ceil(s.sizes[clients] / 10)
+    assert seconds.tolist() == (10.0 * steps).tolist()
 
 
 @pytest.mark.parametrize("suffix", ["csv", "parquet"])

@@ -62,6 +62,12 @@ class AvailabilityModel:
     def online(self, t: int, now: float) -> np.ndarray | None:
         return None
 
+    def online_at(self, clients: np.ndarray, times: np.ndarray) -> np.ndarray | None:
+        """Whether each of ``clients`` is online at its own virtual time ``times[i]`` (when it
+        would report; FedScale counts a client offline by then as lost). None: a client online
+        when it is dispatched stays online until it reports (models that decide per round)."""
+        return None
+
 
 # Purpose keys: every draw comes from np.random.default_rng([seed, (round,) PURPOSE]).
 SAMPLE = 0x5A4D  # which online clients are sampled

@@ -3,7 +3,8 @@
 Per round t starting at virtual time ``now``: the online model says who is online at ``now``;
 ``ceil(K · overcommit)`` online clients are sampled uniformly (or, with ``poisson_rate`` q, each
 online client independently with probability q); each fails mid-round with
-probability ``dropout``; the first K survivors to finish are kept (FedScale over-commitment);
+probability ``dropout`` or is offline when it would report (models with continuous online
+intervals, such as ``trace``); the first K survivors to finish are kept (FedScale over-commitment);
 a kept client whose finish time passes the deadline, or one of the ``stragglers`` fraction that
 has time for only part of its epochs (FedProx), is dropped or keeps the steps it finished
 (``deadline_policy``). The round lasts until the last kept client reports (or the deadline, if
@@ -60,6 +61,11 @@ class Sampler:
         comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes,
                                           self.upload_bytes)
         finish = comm + steps * step_s
+        report = finish if cfg.deadline_s is None else np.minimum(finish, cfg.deadline_s)
+        here = self.model.online_at(alive, start + report)
+        if here is not None:  # offline when it would report: lost (FedScale)
+            alive, steps, comm, step_s, finish = (a[here] for a in (alive, steps, comm, step_s,
+                                                                     finish))
         keep = self.k if self.poisson_rate is None else m
         first = np.lexsort((alive, finish))[:keep]  # the first K to finish
         kept, steps, comm, step_s, finish = (a[first] for a in (alive, steps, comm, step_s,

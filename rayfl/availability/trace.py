@@ -4,7 +4,8 @@ A trace is a set of online intervals per trace client, held as three flat arrays
 the run replays trace client ``i mod M`` (trace clients in sorted id order), and the trace loops
 when the run outlasts it, as FedScale does: a FedScale client with period ``finish_time`` is
 online at time t iff ``active[k] ≤ t mod finish_time ≤ inactive[k]`` for some k; a table loops
-with the period ``max(online_end)``.
+with the period ``max(online_end)``. As in FedScale, a client must also be online when it
+reports: one offline by then is lost (:meth:`Trace.online_at`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ class Trace(AvailabilityModel):
         else:
             self.start, self.end, self.owner, self.period, self.clients = _read_table(path)
         self.n = n
+        by_owner = np.argsort(self.owner, kind="stable")  # intervals of each trace client
+        self.intervals = np.split(by_owner, np.cumsum(np.bincount(self.owner,
+                                                                  minlength=self.clients))[:-1])
 
     @staticmethod
     def check_section(cfg, prefix: str) -> None:
@@ -57,6 +61,13 @@ class Trace(AvailabilityModel):
         on = np.zeros(self.clients, dtype=bool)
         on[self.owner[hit]] = True
         return np.resize(on, self.n)
+
+    def online_at(self, clients: np.ndarray, times: np.ndarray) -> np.ndarray:
+        owner = np.asarray(clients) % self.clients
+        x = np.asarray(times, dtype=np.float64) % (
+            self.period[owner] if np.ndim(self.period) else self.period)
+        return np.array([bool(((self.start[j] <= xi) & (xi <= self.end[j])).any())
+                         for j, xi in zip((self.intervals[k] for k in owner), x)], dtype=bool)
 
 
 def _read_pickle(path: str):

@@ -3,7 +3,8 @@
 ``aggregation.concurrency`` clients are in flight at once. A client is dispatched with the model
 version current at that instant and arrives at its simulated completion time (the sync rounds'
 device model: compute = device speed × local steps, transfers = model bytes / bandwidth), or
-fails part-way with probability ``availability.dropout``. A freed slot is refilled at once from
+fails part-way with probability ``availability.dropout`` (or is lost at that time when the
+availability model has it offline by then). A freed slot is refilled at once from
 the online clients not in flight; slots freed at the same instant are refilled together, after
 every arrival at that instant is processed. Arrivals are processed in (time, client id, dispatch
 order). FedBuff (Nguyen et al. 2022) buffers arrivals and applies
@@ -162,7 +163,11 @@ class Dispatcher:
         n_i = s.sizes[sampled]
         steps = np.array([s.spec.num_steps(int(v)) for v in n_i], dtype=np.int64)
         comm, step_s = s.devices.times(sampled, n_i, s.spec.batch_size, s.model_bytes)
-        seconds = np.where(failed, when, 1.0) * (comm + steps * step_s)
+        full = comm + steps * step_s
+        here = s.model.online_at(sampled, now + full)
+        seconds = np.where(failed, when, 1.0) * full  # a dropout fails part-way
+        if here is not None:  # offline when it would report: lost, found out then (FedScale)
+            failed = failed | ~here
         order = np.argsort(sampled)
         return n_online, sampled[order].astype(np.int64), seconds[order], failed[order]
 
