@@ -30,7 +30,7 @@ demo: $(STAMP) fmnist
 	$(BIN)/rayfl run configs/quickstart.yaml
 
 test: $(STAMP) fmnist
-	$(BIN)/python -m pytest -n 2 --dist worksteal
+	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15
 
 bench: $(STAMP) fmnist
 	$(BIN)/python benchmarks/bench_round.py $(ARGS)

@@ -19,7 +19,7 @@ import numpy as np
 from rayfl import algorithms, rundir
 from rayfl import config as config_mod
 from rayfl.config import ConfigError
-from rayfl.metrics import provenance
+from rayfl.metrics import provenance, tables
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.state_store import state_name
 from rayfl.runtime.storage import Storage
@@ -118,7 +118,7 @@ def _copy_prefix(source, source_dir: str, cfg, run_dir: str, ck: dict) -> None:
     for name in ("metrics.parquet", "client_eval.parquet"):  # rows of rounds 1..N
         path = os.path.join(source_dir, name)
         if os.path.isfile(path):
-            table = pq.read_table(path)
+            table = tables.read_table(path)  # the source may be running
             pq.write_table(table.filter(pc.less_equal(table["round"], ck["round"] + 1)),
                            os.path.join(run_dir, name))
     checkpoint.save(storage.run_location(cfg, run_dir), ck)

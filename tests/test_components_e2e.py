@@ -88,7 +88,7 @@ def test_an_optuna_study_tunes_a_custom_algorithms_param(ray_local, tmp_path):
 
     setup = spec.build({
         "name": "custom", "base": TINY, "dir": str(tmp_path / "study"),
-        "overrides": [f"algorithm.name={ALGO}", "rounds=2", "runtime.num_actors=1",
+        "overrides": [f"algorithm.name={ALGO}", "rounds=2", "runtime.executor=inprocess",
                       "data.validation_clients=4", f"data.cache_dir={tmp_path / 'cache'}",
                       f"output_dir={tmp_path / 'runs'}"],
         "presets": [ALGO], "enqueue": [{"algorithm.pull": 0.01}, {"algorithm.pull": 0.5}],

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rayfl
+from rayfl.metrics.tables import read_table
 from rayfl.models import sha256_of
 from tests.conftest import ROOT, TINY
 
@@ -120,12 +121,12 @@ def test_resume_after_sigkill_gives_same_bytes(tmp_path):
     victim = _rayfl("run", TINY, *common, f"--run-dir={killed_dir}", "runtime.num_actors=1",
                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
     metrics = killed_dir / "metrics.parquet"
-    while not (metrics.exists() and pq.read_table(metrics).num_rows >= 3):
+    while not (metrics.exists() and read_table(metrics).num_rows >= 3):  # the run rewrites it
         assert victim.poll() is None, "the run ended before it could be killed"
         time.sleep(0.05)
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
-    assert pq.read_table(metrics).num_rows < rounds
+    assert read_table(metrics).num_rows < rounds
     resumed = _rayfl("resume", str(killed_dir), "--quiet")
     out_resumed, _ = resumed.communicate(timeout=300)
     assert resumed.returncode == 0, out_resumed

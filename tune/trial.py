@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 
-import pyarrow.parquet as pq
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rayfl.config import Config
+from rayfl.metrics.tables import read_rows
 
 STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before its group goes
 
@@ -51,7 +51,7 @@ class TrialRun:
         """The evaluated rounds' metrics rows logged since the last call."""
         if not os.path.isfile(self.path):
             return []
-        rows = [r for r in pq.read_table(self.path).to_pylist() if r.get("test_loss") is not None]
+        rows = [r for r in read_rows(self.path) if r.get("test_loss") is not None]
         new, self.seen = rows[self.seen:], len(rows)
         return new
 

@@ -15,10 +15,10 @@ import re
 from functools import cached_property
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
 from rayfl.data import prepare
+from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
 
 ROUND_DIR = re.compile(r"round-(\d+)$")
@@ -52,7 +52,7 @@ class RunDir:
         path = os.path.join(self.path, "metrics.parquet")
         if not os.path.isfile(path):
             raise ConfigError("run_dir", self.path, "a run directory holding metrics.parquet")
-        return pq.read_table(path).to_pylist()
+        return read_rows(path)
 
     def out_dir(self, out: str | None = None) -> str:
         """Where a command writes: ``out`` or ``<run_dir>/analysis`` (created)."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 
-import pyarrow.parquet as pq
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from rayfl.metrics.tables import read_rows
 
 
 def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLike) -> None:
@@ -16,7 +17,7 @@ def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLik
     ``rows`` are metrics rows (dicts as in ``metrics.parquet``) or the path of that file.
     """
     if isinstance(rows, (str, os.PathLike)):
-        rows = pq.read_table(rows).to_pylist()
+        rows = read_rows(rows)
     rows = [r for r in rows if r.get("online") is not None]
     starts = [(r.get("virtual_time_s") or 0.0) - (r.get("virtual_round_s") or 0.0) for r in rows]
     if rows and max(starts) > 0:

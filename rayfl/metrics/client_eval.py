@@ -15,6 +15,7 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 
+from rayfl.metrics.tables import read_rows
 from rayfl.runtime.client_eval import COLUMNS
 
 STATS = ("mean", "p10", "p50", "p90", "worst10")
@@ -133,5 +134,5 @@ def plot_run_clients(run_dir: str, rows: list[dict], title: str) -> str | None:
     if not os.path.isfile(path):
         return None
     png = os.path.join(run_dir, "client_accuracy.png")
-    return png if plot_client_accuracy(rows, pq.read_table(path).to_pylist(), png, title) \
+    return png if plot_client_accuracy(rows, read_rows(path), png, title) \
         else None

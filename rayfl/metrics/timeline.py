@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pyarrow.parquet as pq
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
 
 
@@ -21,7 +21,7 @@ def load_rows(run_dir: str) -> list[dict]:
     path = os.path.join(run_dir, "metrics.parquet")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding metrics.parquet")
-    return pq.read_table(path).to_pylist()
+    return read_rows(path)
 
 
 def time_to(rows: list[dict], target: float) -> float | None:
