@@ -229,10 +229,18 @@ def version_text() -> str:
             f"ray {v('ray')})")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line, exit status 2, like every other bad input
+    (argparse's own print the usage first); subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``rayfl`` argument parser."""
-    p = argparse.ArgumentParser(prog="rayfl", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="rayfl", description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=version_text())
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run one experiment from a YAML config")

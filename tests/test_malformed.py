@@ -182,6 +182,15 @@ def test_malformed_override_is_refused(overrides, key, tmp_path, capsys, cache, 
     _refused(["run", TINY, *overrides], key, tmp_path, capsys, cache)
 
 
+@pytest.mark.parametrize("argv, key", [
+    (["fly"], "'fly'"), (["compare"], "config"), (["analyze", "nope"], "'nope'"),
+    (["resume", "x", "--max-rounds", "abc"], "--max-rounds"),
+    (["run", "c.yaml", "--nosuch"], "--nosuch"), (["data", "c.yaml", "--rounds", "x"], "--rounds")])
+def test_command_line_usage_errors_are_one_line(argv, key, tmp_path, capsys, cache, no_ray):
+    line = _refused(argv, key, tmp_path, capsys, cache)
+    assert line.endswith("--help)") and not line.startswith("usage")
+
+
 def test_corpus_holds_at_least_200_inputs():
     assert len(SCHEMA_CASES) + len(HAND_CASES) + len(FILE_CASES) >= 200
 

@@ -7,6 +7,7 @@ import sys
 import time
 import warnings
 
+from rayfl.cli import OneLineParser
 from rayfl.metrics.progress import Eta, hms
 from rayfl.schema import ConfigError
 
@@ -111,7 +112,7 @@ def run(study: str, overrides: list[str], quiet: bool = False) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tune``; a bad study exits with status 2 and one clear line."""
-    p = argparse.ArgumentParser(prog="python -m tune", description=__doc__)
+    p = OneLineParser(prog="python -m tune", description=__doc__)
     p.add_argument("study", nargs="?", help="study YAML (see tune/README.md)")
     p.add_argument("overrides", nargs="*", help="dotted overrides of study keys, e.g. trials=40")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
