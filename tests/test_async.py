@@ -191,9 +191,9 @@ HETERO = ["aggregation.mode=fedbuff", "aggregation.concurrency=8", "aggregation.
           "availability.dropout=0.2", "rounds=5"]
 
 
-def test_fedbuff_same_bytes_for_1_2_and_4_actors(ray_local, tiny):
+def test_fedbuff_same_bytes_for_1_and_3_actors(ray_local, tiny):
     hashes, stale = set(), 0
-    for actors in (1, 2, 4):
+    for actors in (1, 3):  # every wave on one actor; an uneven split
         res = rayfl.run(TINY, tiny + HETERO + [f"runtime.num_actors={actors}",
                                                "runtime.cpus_per_actor=0.5"], quiet=True)
         hashes.add(res.summary["model_sha256"])

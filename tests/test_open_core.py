@@ -176,9 +176,9 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_gives_the_same_bytes(
     round 0 intact; resumed once there is room, the run ends with the unfaulted bytes."""
     from rayfl import cli
 
-    common = tiny + ["rounds=3", "algorithm.name=scaffold", "runtime.num_actors=2",
-                     f"runtime.executor={executor}"]
-    clean = rayfl.run(TINY, common, quiet=True)
+    common = tiny + ["rounds=3", "algorithm.name=scaffold", "runtime.num_actors=2"]
+    clean = rayfl.run(TINY, common + ["runtime.executor=inprocess"], quiet=True)
+    common.append(f"runtime.executor={executor}")
     marker = tmp_path / "full.marker"
     monkeypatch.setenv("RAYFL_FAULT", f"full:1:{marker}")
     run_dir = str(tmp_path / "run")

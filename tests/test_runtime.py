@@ -66,9 +66,9 @@ def test_training_learns(ray_local, tiny):
     assert loss[-1] < 0.8 * loss[0]
 
 
-def test_same_bytes_for_1_2_and_4_actors(ray_local, tiny):
+def test_same_bytes_for_1_and_3_actors(ray_local, tiny):
     hashes = set()
-    for actors in (1, 2, 4):
+    for actors in (1, 3):  # all groups on one actor; an uneven split
         res = rayfl.run(TINY, tiny + ["rounds=3", f"runtime.num_actors={actors}",
                                       "runtime.cpus_per_actor=0.5", "algorithm.name=scaffold"],
                         quiet=True)
@@ -114,7 +114,7 @@ def _rayfl(*args, env=None):
 
 
 def test_resume_after_sigkill_gives_same_bytes(tmp_path):
-    rounds = 30  # killed after 3: 27 rounds of margin between the poll and the kill
+    rounds = 20  # killed after 3: 17 rounds of margin between the poll and the kill
     common = [f"data.cache_dir={tmp_path / 'cache'}", f"rounds={rounds}", "algorithm.name=scaffold",
               "data.num_clients=40", "clients_per_round=8", "local.epochs=3"]
     killed_dir = tmp_path / "killed"
