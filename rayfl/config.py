@@ -333,6 +333,11 @@ class EvalConfig:
                                     "paper's mean over its last rounds at eval.every > 1",
                              lo=0)
     batch_size: int = field(1000, doc="evaluation batch size", lo=1)
+    test_rows: Optional[int] = field(None, doc="score a seeded uniform sample of this many "
+                                               "test rows, the same rows at every evaluation "
+                                               "(`rayfl analyze ... --max-samples` with the "
+                                               "run's seed draws the same); null: every row",
+                                     lo=1)
     last_k: int = field(10, doc="summary reports the mean of the last k evaluations", lo=1)
     target_accuracy: Optional[float] = field(None, doc="report the first round reaching it",
                                              lo=0.0, hi=1.0)

@@ -198,13 +198,29 @@ def test_per_client_evaluation_needs_held_out_rows():
 
 
 DITTO = ["algorithm.name=ditto", "algorithm.lam=0.1", "clients_per_round=10"]
+FEDPER = ["algorithm.name=fedper", "model.name=mlp", "clients_per_round=10"]
 
 
-def test_a_personalised_algorithm_scores_each_clients_own_model(tiny):
-    """Ditto's personal_* columns are each client's v_k read back from its state file and
-    scored independently; a client that never trained is scored with the global model."""
-    result = _run(tiny, EVAL + DITTO)
-    cfg = config_mod.load(TINY, tiny + EVAL + DITTO)
+def _ditto_model(state, params):
+    return state["v"]
+
+
+def _fedper_model(state, params):
+    """The global body with the client's own head (mlp: the last Linear(100, 4), the flat
+    vector's tail)."""
+    own = params.copy()
+    own[-(100 * 4 + 4):] = state["personal"]
+    return own
+
+
+@pytest.mark.parametrize("algorithm, own_model", [(DITTO, _ditto_model),
+                                                  (FEDPER, _fedper_model)])
+def test_a_personalised_algorithm_scores_each_clients_own_model(tiny, algorithm, own_model):
+    """The personal_* columns are each client's model built from its state file (Ditto's v_k;
+    FedPer's head on the global body) and scored independently; a client that never trained
+    is scored with the global model."""
+    result = _run(tiny, EVAL + algorithm)
+    cfg = config_mod.load(TINY, tiny + EVAL + algorithm)
     handle = prepare(cfg.data, cfg.seed)
     reader = handle.open()
     rows = [r for r in pq.read_table(os.path.join(result.run_dir, "client_eval.parquet"))
@@ -218,7 +234,7 @@ def test_a_personalised_algorithm_scores_each_clients_own_model(tiny):
         if files:
             trained += 1
             with np.load(os.path.join(state_dir, str(c // 1000), files[-1])) as z:
-                v = z["v"]
+                v = own_model(z, result.params)
         else:
             v = result.params
         assert r["personal_accuracy"] == _accuracy(_module(cfg, handle, v), reader, x, y)

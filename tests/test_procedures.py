@@ -126,7 +126,7 @@ def test_ditto_personal_model_follows_its_update_in_closed_form(lam):
 
 def test_fedbn_keeps_normalisation_local_on_any_actor_count(ray_local, tiny):
     common = [*tiny, "model.name=examples.bn_model:BNNet", "data.partition=iid", "rounds=2",
-              "algorithm.name=examples.fedbn:FedBN", "clients_per_round=20"]
+              "algorithm.name=fedbn", "clients_per_round=20"]
     one = run(TINY, [*common, "runtime.num_actors=1"], quiet=True)
     two = run(TINY, [*common, "runtime.num_actors=2"], quiet=True)
     assert _sha(one) == _sha(two)
@@ -138,7 +138,7 @@ def test_fedbn_keeps_normalisation_local_on_any_actor_count(ray_local, tiny):
 
 
 def test_fedbn_client_state_holds_its_norm_layers_and_statistics():
-    from examples.fedbn import FedBN
+    from rayfl.algorithms.fedbn import FedBN
     from rayfl.runtime.context import ClientData, LocalContext
     from rayfl.algorithms.base import ClientTask
 
@@ -155,7 +155,7 @@ def test_fedbn_client_state_holds_its_norm_layers_and_statistics():
                        None)
     y, result = FedBN().client_train(task, ctx)
     norm = model.layout.mask("norm")
-    assert result.state["norm"].shape == (int(norm.sum()),)
+    assert result.state["personal"].shape == (int(norm.sum()),)
     assert torch.equal(y[norm], task.bc["x"][norm]) and ctx.steps == 3
     assert BUFFERS not in result.state  # the runtime keeps the statistics (local_buffers)
 

@@ -12,10 +12,14 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import rayfl
+from rayfl import config as config_mod
+from rayfl.analysis.evaluate import select_data
+from rayfl.data.store import prepare
 from rayfl.metrics.tables import read_table
-from rayfl.models import sha256_of
+from rayfl.models import build_for, sha256_of
 from tests.conftest import ROOT, TINY
 
 
@@ -56,6 +60,33 @@ def test_last_rounds_are_evaluated_each_and_the_model_is_unchanged(tiny):
     assert sparse.summary["model_sha256"] == dense.summary["model_sha256"]
     assert sparse.summary["mean_last_2_evals_accuracy"] == \
         dense.summary["mean_last_2_evals_accuracy"]
+
+
+def test_test_rows_scores_the_seeded_sample_the_analysis_draws(tiny):
+    """eval.test_rows=K scores the final model on the K test rows `rayfl analyze --max-samples K`
+    draws with the run's seed (an independent torch evaluation here); the model is unchanged,
+    and K at least the test set's size is the whole test set."""
+    common = tiny + ["rounds=2", "runtime.executor=inprocess"]
+    whole = rayfl.run(TINY, common, quiet=True)
+    cfg = config_mod.load(TINY, common)
+    handle = prepare(cfg.data, cfg.seed)
+    reader = handle.open()
+    n = len(reader.test()[1])
+    sample = rayfl.run(TINY, common + ["eval.test_rows=37"], quiet=True)
+    every = rayfl.run(TINY, common + [f"eval.test_rows={n}"], quiet=True)
+    assert sample.summary["model_sha256"] == whole.summary["model_sha256"]
+    assert every.metrics.column("test_accuracy").to_pylist() == \
+        whole.metrics.column("test_accuracy").to_pylist()
+    data = select_data(handle, "test", 37, cfg.seed)
+    assert len(data.index) == 37 and len(set(data.index.tolist())) == 37
+    torch.manual_seed(0)
+    module = build_for(cfg.model, handle)
+    torch.nn.utils.vector_to_parameters(torch.tensor(sample.params), module.parameters())
+    xt, yt = reader.tensors(*data.arrays(reader), "cpu")
+    with torch.no_grad():
+        correct = int((module(xt).argmax(1) == yt).sum())
+    assert sample.summary["final_accuracy"] == pytest.approx(correct / 37, abs=1e-6)  # float32; 1/37 apart
+    assert whole.summary["final_accuracy"] != sample.summary["final_accuracy"]
 
 
 def test_training_learns(ray_local, tiny):

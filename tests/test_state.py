@@ -47,6 +47,10 @@ RESUMED = [  # client state, or server rules beyond the mean
     ["algorithm.name=ditto"],
     ["algorithm.name=qfedavg"],  # stateless: its loss at the start, its server division
     ["algorithm.name=fedexp"],
+    ["algorithm.name=fedrep", "model.name=mlp"],  # the client's head
+    ["algorithm.name=lgfedavg", "model.name=mlp"],  # the client's body
+    ["algorithm.name=fedbn", "model.name=examples.bn_model:BNNet",  # its γ, β and statistics
+     "data.partition=iid"],
 ]
 
 

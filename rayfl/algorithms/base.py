@@ -41,10 +41,11 @@ for them by name, see :func:`has`):
   one-off per-client summary sent before round 0 (fedmsi's similarity graph);
 - ``receive_client_models(state, client_ids, models) -> State``: the round's final local models
   (rows in ``client_ids`` order), before :meth:`server_update` (fedmsi's anchors);
-- ``personal_model(state, x) -> (Vec, buffers or None)``: a personalised method's model of one
-  client from its persistent state (None: it never trained) and the global model ``x``; the
-  per-client evaluation (``eval.clients``) scores it in the ``personal_*`` columns beside the
-  global model's (Ditto's v_k).
+- ``personal_model(state, x, group) -> (Vec, buffers or None)``: a personalised method's model
+  of one client from its persistent state (None: it never trained), the global model ``x`` and
+  ``group(name)``, the boolean mask of a parameter group; the per-client evaluation
+  (``eval.clients``) scores it in the ``personal_*`` columns beside the global model's (Ditto's
+  v_k, FedPer's own head on the global body).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ from rayfl.algorithms import server_opt as opt
 
 Vec = torch.Tensor
 State = dict[str, Any]
+
+#: the reserved broadcast / client-state entry holding model buffers (BatchNorm statistics)
+BUFFERS = "_model_buffers"
 
 #: the optional capabilities an algorithm may define (see the module docstring)
 CAPABILITIES = ("client_train", "client_settle", "client_setup", "receive_client_models",
@@ -200,6 +204,12 @@ class Algorithm:
     @classmethod
     def check_config(cls, params: Any, cfg: Any) -> None:
         """Rules that tie the algorithm to other config sections (raise ConfigError)."""
+
+    @classmethod
+    def check_model(cls, params: Any, layout: Any) -> None:
+        """Rules that tie the algorithm to the model's parameter groups (``layout``: its
+        :class:`~rayfl.models.flat.Layout`), checked before anything starts (raise
+        ConfigError)."""
 
     @classmethod
     def is_preset(cls) -> bool:

@@ -63,3 +63,12 @@ def check_buffers(cfg: Any, module: Any) -> None:
             raise ConfigError("model.name", cfg.model.name,
                               f"a model without buffers (BatchNorm statistics: use GroupNorm or "
                               f"no normalisation) {reason}")
+
+
+def check_groups(cfg: Any, module: Any) -> None:
+    """ConfigError when the algorithm names a parameter group ``module`` does not have
+    (FedPer's personal layers, FedBN's normalisation layers)."""
+    from rayfl.algorithms import registry
+    from rayfl.models.flat import Layout
+
+    registry.get(cfg.algorithm.name).check_model(cfg.algorithm.params, Layout.of(module))

@@ -59,7 +59,7 @@ class Ditto(Algorithm):
         ctx.set_buffers(uploaded_buffers)
         return y, ClientResult({}, state)
 
-    def personal_model(self, state: dict | None, x: Vec):
+    def personal_model(self, state: dict | None, x: Vec, group=None):
         """v_k with its statistics (the global model before the client's first round)."""
         if state is None:
             return x, None

@@ -14,6 +14,7 @@ import numpy as np
 import ray
 import torch
 
+from rayfl.data.store import seeded_subset
 from rayfl.models.metrics import criterion
 from rayfl.runtime.client_actor import model_for
 from rayfl.schema import ConfigError
@@ -54,8 +55,8 @@ def select_data(handle, spec: str = "test", max_samples: int | None = None,
     else:
         raise ConfigError("--data", spec, "test or clients:ID,ID,...")
     rows = len(reader.test()[1]) if index is None else len(index)
-    if max_samples is not None and max_samples < rows:
-        pick = np.sort(np.random.default_rng(seed).choice(rows, max_samples, replace=False))
+    pick = seeded_subset(rows, max_samples, seed)
+    if pick is not None:
         index, label = pick if index is None else index[pick], f"{label} ({max_samples} rows)"
     return EvalData(split, index, label)
 

@@ -228,6 +228,14 @@ class DataHandle:
         return DataReader(self.local())
 
 
+def seeded_subset(n: int, k: int | None, seed) -> np.ndarray | None:
+    """Sorted indices of a uniform draw of ``k`` of ``n`` rows keyed by ``seed``; None (every
+    row) when ``k`` is None or not below ``n``."""
+    if k is None or k >= n:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, k, replace=False))
+
+
 def _mapped(path: str) -> tuple[np.ndarray, np.ndarray]:
     """The (x, y) columns of an Arrow file, zero-copy over a read-only memory map advised for
     random access: a round touches a few clients' rows scattered over the file, and the
@@ -303,9 +311,12 @@ class DataReader:
         """The validation clients' rows, pooled (views; empty without validation clients)."""
         return self._validation
 
-    def test(self) -> tuple[np.ndarray, np.ndarray]:
-        """The held-out test set (raw inputs, labels)."""
-        return _mapped(os.path.join(self.handle.path, "test.arrow"))
+    def test(self, rows: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The held-out test set (raw inputs, labels); with ``rows``, a seeded uniform sample
+        of that many of them (in their order; all of them when there are no more)."""
+        x, y = _mapped(os.path.join(self.handle.path, "test.arrow"))
+        pick = seeded_subset(len(y), rows, seed)
+        return (x, y) if pick is None else (x[pick], y[pick])
 
     def tensors(self, x: np.ndarray, y: np.ndarray, device) -> tuple[torch.Tensor, torch.Tensor]:
         """Model-ready inputs on ``device`` — float32 scaled and reshaped, or int64 ids for

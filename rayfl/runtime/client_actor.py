@@ -171,9 +171,12 @@ class ClientWorker:
         b = None if buffers is None else torch.as_tensor(np.array(buffers)).to(self.device)
         personal = None
         if versions is not None:
+            def group(name: str) -> torch.Tensor:
+                return self.model.layout.mask(name).to(self.device)
+
             def personal(row: int):
                 state = self.store.load(int(client_ids[row]), int(versions[row]))
-                own, own_buffers = self.algorithm.personal_model(state, w)
+                own, own_buffers = self.algorithm.personal_model(state, w, group)
                 return own.to(self.device), \
                     None if own_buffers is None else own_buffers.to(self.device)
         return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,

@@ -19,11 +19,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import ClientTask, Vec
+from rayfl.algorithms.base import BUFFERS, ClientTask, Vec  # noqa: F401 (BUFFERS: re-exported)
 from rayfl.runtime.local import GradFn, LocalOptimizer, LocalSpec, batch_schedule
-
-#: the reserved broadcast / client-state entry holding model buffers (BatchNorm statistics)
-BUFFERS = "_model_buffers"
 
 
 @dataclass

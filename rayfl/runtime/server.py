@@ -77,7 +77,8 @@ class Server:
         reader = handle.open()
         self.client_eval = ClientEvaluation(cfg, reader.holdout_sizes(), executor, run_dir) \
             if cfg.eval.clients else None
-        self.eval_sets = {"test": reader.tensors(*reader.test(), "cpu")}
+        self.eval_sets = {"test": reader.tensors(*reader.test(cfg.eval.test_rows, cfg.seed),
+                                                  "cpu")}
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
         self.log = MetricsLog(run_dir, cfg)
