@@ -28,6 +28,7 @@ from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.storage import StorageError
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
+from rayfl.transforms import check_data
 
 
 @dataclass
@@ -180,6 +181,7 @@ def _prepare(cfg: Config):
     model = check_fits(cfg.model, handle)
     check_buffers(cfg, model)
     check_groups(cfg, model)
+    check_data(cfg, handle)
     check_single_rows(model, handle, cfg.local.batch_size)
     check_files(cfg.availability, handle.num_clients)
     return handle

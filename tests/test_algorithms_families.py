@@ -140,3 +140,51 @@ def test_qfedavg_favours_the_clients_with_higher_loss():
 
     fair, plain = losses(5.0), losses(0.0)
     assert fair.max() < plain.max() and fair.std() < plain.std()
+
+
+# ----- Per-FedAvg ---------------------------------------------------------------------------
+
+def perfedavg_end(i: int, x: torch.Tensor, alpha: float, variant: str) -> torch.Tensor:
+    """K meta-steps of client i by hand: w̃ = w − α ∇f(w), g = ∇f(w̃), and for HF
+    g − α ∇²f(w) g with the quadratic's exact Hessian diag(a_i)."""
+    w = x.clone()
+    for _ in range(K):
+        g = A[i] * (w - alpha * (A[i] * w - B[i])) - B[i]
+        if variant == "hf":
+            g = g - alpha * A[i] * g
+        w = w - ETA * g
+    return w
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_perfedavg_first_round_by_hand(variant):
+    """Full-batch quadratics (every minibatch is the client's one row): the finite-difference
+    Hessian-vector product of HF is exact up to rounding."""
+    alpha = 0.05
+    _, st, _, _ = run("perfedavg", 1, alpha=alpha, variant=variant)
+    ends = torch.stack([perfedavg_end(i, X0, alpha, variant) for i in range(len(CLIENTS))])
+    assert torch.allclose(st["x"], ends.mean(0), atol=1e-7 if variant == "hf" else 1e-12)
+
+
+def test_perfedavg_without_adaptation_is_fedavg_on_full_batches():
+    """α = 0 (FO): w̃ = w, so each meta-step is a plain gradient step (on the second of its
+    two minibatches, which on one-row clients is the same row)."""
+    _, ref, _, _ = run("fedavg", 10)
+    _, st, _, _ = run("perfedavg", 10, alpha=0.0)
+    assert torch.equal(st["x"], ref["x"])
+
+
+def test_perfedavg_meta_steps_draw_two_or_three_minibatches(tiny):
+    """A meta-step draws two (FO) or three (HF) minibatches from the client's seeded stream, so
+    a round reports two or three times FedAvg's local steps for the same K."""
+    import rayfl
+    from tests.conftest import TINY
+
+    def steps(*extra):
+        result = rayfl.run(TINY, tiny + ["rounds=1", "runtime.executor=inprocess", *extra],
+                           quiet=True)
+        return result.metrics.column("local_steps").to_pylist()[0]
+
+    plain = steps("algorithm.name=fedavg")
+    assert steps("algorithm.name=perfedavg") == 2 * plain
+    assert steps("algorithm.name=perfedavg", "algorithm.variant=hf") == 3 * plain

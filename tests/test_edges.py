@@ -146,9 +146,11 @@ def _case(name: str):
 LR = 0.05
 SGD_ONLY = {"scaffold", "fednova", "adabest", "fedmim"}
 NO_MOMENTUM = {"fedmim"}
+PLAIN_STEPS = {"pfedme"}  # its own plain steps: every local optimiser setting is refused
 ACCEPTED_LOCAL = [(name, opt, rho) for name in registry.names()
                   for opt, rho in [("sgd", 0.0), ("sgd", 0.9), ("adam", 0.0)]
-                  if not (opt == "adam" and name in SGD_ONLY)
+                  if name not in PLAIN_STEPS
+                  and not (opt == "adam" and name in SGD_ONLY)
                   and not (rho and name in NO_MOMENTUM)]
 
 
@@ -182,7 +184,11 @@ def test_every_accepted_local_optimiser_is_torch_with_the_papers_correction(name
     (["algorithm.name=fednova", "local.optimizer=adam"], "local.optimizer"),
     (["algorithm.name=adabest", "local.optimizer=adam"], "local.optimizer"),
     (["local.optimizer=adam", "local.momentum=0.9"], "local.momentum"),
-    (["algorithm.name=fedmim", "local.momentum=0.5"], "local.momentum")])
+    (["algorithm.name=fedmim", "local.momentum=0.5"], "local.momentum"),
+    (["algorithm.name=pfedme", "local.momentum=0.5"], "local.momentum"),
+    (["algorithm.name=pfedme", "local.optimizer=adam"], "local.optimizer"),
+    (["algorithm.name=pfedme", "local.weight_decay=0.001"], "local.weight_decay"),
+    (["algorithm.name=pfedme", "local.clip_norm=10"], "local.clip_norm")])
 def test_unfaithful_local_optimisers_are_refused(overrides, key):
     with pytest.raises(ConfigError) as err:
         config.load(TINY, overrides)

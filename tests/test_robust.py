@@ -131,3 +131,45 @@ def test_a_robust_rule_acts_in_the_event_driven_mode_too(tiny):
     robust = run(TINY, [*common, _transforms(attack, "{name: median}")], quiet=True)
     assert robust.summary["model_sha256"] != plain.summary["model_sha256"]
     assert np.isfinite(robust.summary["final_accuracy"])
+
+
+class FlippedSynthetic:
+    """The built-in synthetic set with every training label y replaced by C − 1 − y."""
+
+    @staticmethod
+    def load(cfg, seed):
+        import dataclasses
+
+        from rayfl.data.datasets import synthetic
+
+        arrays = synthetic.load(cfg, seed)
+        return dataclasses.replace(arrays, y_train=cfg.classes - 1 - arrays.y_train)
+
+
+def test_label_flipping_attackers_train_on_flipped_labels(tiny):
+    """Every client a label flipper gives the bytes of honest training on a dataset whose
+    training labels are flipped (an iid partition does not read labels); the update itself
+    is sent as trained."""
+    iid = [*tiny, *ROUNDS, "data.partition=iid", "runtime.executor=inprocess"]
+    attacked = run(TINY, [*iid, _transforms("{name: attack, kind: label_flip, fraction: 1}")],
+                   quiet=True)
+    flipped = run(TINY, [*iid, "data.dataset=tests.test_robust:FlippedSynthetic"], quiet=True)
+    assert attacked.summary["model_sha256"] == flipped.summary["model_sha256"]
+    assert [r["attackers"] for r in attacked.metrics.to_pylist()] == \
+        [r["completed"] for r in attacked.metrics.to_pylist()]
+    plain = run(TINY, iid, quiet=True)
+    assert plain.summary["model_sha256"] != attacked.summary["model_sha256"]
+    labels = torch.tensor([0, 1, 2, 3])
+    honest = next(c for c in range(100) if not Attack(AttackParams(fraction=0.5)).is_attacker(c))
+    assert torch.equal(Attack(AttackParams(kind="label_flip", fraction=0.5))
+                       .client_labels(labels, honest, 4), labels)
+
+
+def test_label_flipping_needs_class_labels():
+    from types import SimpleNamespace
+
+    with pytest.raises(ConfigError, match="label_flip needs class labels"):
+        Attack.check_data(AttackParams(kind="label_flip"), SimpleNamespace(kind="tokens"),
+                          "aggregation.transforms[0]")
+    Attack.check_data(AttackParams(kind="label_flip"), SimpleNamespace(kind="dense"),
+                      "aggregation.transforms[0]")

@@ -20,6 +20,17 @@ def reject_adam(name: str, cfg: Any, why: str) -> None:
         raise ConfigError("local.optimizer", "adam", f"sgd with {name} ({why})")
 
 
+def require_plain_sgd(name: str, cfg: Any, why: str) -> None:
+    """ConfigError when a ``local.*`` optimiser setting would be silently ignored: ``name``
+    takes plain SGD steps of its own because ``why``."""
+    for key, value, plain in (("local.optimizer", cfg.local.optimizer, "sgd"),
+                              ("local.momentum", cfg.local.momentum, 0.0),
+                              ("local.weight_decay", cfg.local.weight_decay, 0.0),
+                              ("local.clip_norm", cfg.local.clip_norm, None)):
+        if value != plain:
+            raise ConfigError(key, value, f"{plain} with {name} ({why})")
+
+
 def reject_ima(name: str, cfg: Any, why: str) -> None:
     """ConfigError when an ``ima`` section is set: IMA around ``name`` is undefined because ``why``."""
     if cfg.ima is not None:

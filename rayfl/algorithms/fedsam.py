@@ -52,7 +52,5 @@ class FedSAM(Algorithm):
 def perturbed(ctx, y: Vec, batch, rho: float) -> tuple[Vec, Vec]:
     """(g, y + ρ g/‖g‖) with g = ∇f_i(y; b) (a copy), leaving BatchNorm statistics as they
     were: SAM's ascent point, so that each step updates them once (at the second gradient)."""
-    saved = ctx.get_buffers()
-    g = ctx.loss_grad(y, batch, record=False)[1].clone()
-    ctx.set_buffers(saved)
+    g = ctx.probe_grad(y, batch)
     return g, y + g * (rho / (torch.linalg.vector_norm(g) + NORM_EPS))

@@ -118,11 +118,13 @@ class ClientWorker:
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> its rows of round ``t`` (:class:`ClientData`: gradient function, model)."""
         rows = self.reader.round(t, round_clients)
-        model, loss_fn = self.model, self.loss_fn
+        model, loss_fn, chain = self.model, self.loss_fn, self.transforms
 
         def source(client: int):
             raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
+            if chain is not None:
+                y = chain.client_labels(y, client, self.reader.handle.num_classes)
 
             def grad_fn(point, idx):
                 idx_t = torch.from_numpy(idx).to(x.device)

@@ -102,6 +102,15 @@ class LocalContext:
             self._record(loss)
         return loss, g
 
+    def probe_grad(self, point: Vec, batch: np.ndarray, record: bool = False) -> Vec:
+        """A copy of the flat gradient at ``point`` on ``batch`` that leaves BatchNorm
+        statistics as they were: a look-ahead or perturbed point's gradient (SAM's ascent,
+        MAML's adaptation), so that each local step updates the statistics once."""
+        saved = self.get_buffers()
+        g = self.loss_grad(point, batch, record=record)[1].clone()
+        self.set_buffers(saved)
+        return g
+
     def outputs(self, point: Vec, batch: np.ndarray, features: tuple[str, ...] = ()):
         """(logits, {name: intermediate output}, labels) of ``point`` on ``batch``,
         differentiable for :meth:`backward` (``"repr"``: the classifier head's input; other

@@ -78,6 +78,10 @@ class Transform:
         """:meth:`client` with the client's context (steps with state or broadcasts override)."""
         return self.client(delta, t, client)
 
+    def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
+        """The labels client ``client`` trains on (a label-flipping attacker changes them)."""
+        return labels
+
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
         """The round's aggregate as the server algorithm sees it."""
         return agg
@@ -104,6 +108,11 @@ class Transform:
     @classmethod
     def check_config(cls, params: Any, cfg, where: str) -> None:
         """Cross-section rules for a run (ConfigError naming the key)."""
+
+    @classmethod
+    def check_data(cls, params: Any, handle, where: str) -> None:
+        """Rules tying the step to the partition behind ``handle`` (ConfigError naming the
+        key), checked before a run starts."""
 
     @classmethod
     def from_run(cls, params: Any, cfg) -> "Transform":
@@ -164,6 +173,12 @@ class Chain:
     def client(self, delta: Vec, t: int, client: int) -> Vec:
         """Δ_i through every step's client side (no broadcast, no state)."""
         return self.apply(delta, t, client)[0]
+
+    def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
+        """The labels ``client`` trains on, through every step."""
+        for step in self.steps:
+            labels = step.client_labels(labels, client, num_classes)
+        return labels
 
     def apply(self, delta: Vec, t: int, client: int, broadcast: dict | None = None,
               state: dict | None = None) -> tuple[Vec, dict[str, Vec], dict[str, float]]:
@@ -265,22 +280,30 @@ def entries_of(cfg) -> list[tuple[str, dict]]:
     return out
 
 
-def check_run(cfg) -> None:
-    """Every step's cross-section rules (e.g. SecAgg needs uniform weighting)."""
+def _configured(cfg):
+    """(where, class, validated params) of every configured step."""
     for where, entry in entries_of(cfg):
         cls = REGISTRY[entry["name"]]
-        cls.check_config(schema.build(cls.Params, {k: v for k, v in entry.items()
-                                                   if k != "name"}, where), cfg, where)
+        yield where, cls, schema.build(cls.Params, {k: v for k, v in entry.items()
+                                                    if k != "name"}, where)
+
+
+def check_run(cfg) -> None:
+    """Every step's cross-section rules (e.g. SecAgg needs uniform weighting)."""
+    for where, cls, params in _configured(cfg):
+        cls.check_config(params, cfg, where)
+
+
+def check_data(cfg, handle) -> None:
+    """Every step's rules on the partition (e.g. label flipping needs class labels)."""
+    for where, cls, params in _configured(cfg):
+        cls.check_data(params, handle, where)
 
 
 def transforms_from_config(cfg) -> Chain | None:
     """The configured chain (None: empty): ``aggregation.transforms``, the ``compression``
     step, DP-FedAvg's mechanism when ``privacy`` is set, and SecAgg's transport last."""
-    steps = []
-    for _, entry in entries_of(cfg):
-        cls = REGISTRY[entry["name"]]
-        params = schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"})
-        steps.append(cls.from_run(params, cfg))
+    steps = [cls.from_run(params, cfg) for _, cls, params in _configured(cfg)]
     if cfg.privacy is not None:
         from rayfl.transforms.dp import GaussianDP
 

@@ -162,8 +162,9 @@ def _chunked(updates: torch.Tensor, fn, size: int = 1 << 16) -> Vec:
 class AttackParams:
     """Byzantine clients."""
 
-    kind: Literal["sign_flip", "scale", "gaussian"] = schema.field(
-        "sign_flip", doc="sign_flip (−Δ_i), scale (s·Δ_i) or gaussian (N(0, σ²I) instead of Δ_i)")
+    kind: Literal["sign_flip", "scale", "gaussian", "label_flip"] = schema.field(
+        "sign_flip", doc="sign_flip (−Δ_i), scale (s·Δ_i), gaussian (N(0, σ²I) instead of Δ_i) "
+                         "or label_flip (the client trains honestly on labels C − 1 − y)")
     fraction: float = schema.field(0.1, doc="share of the clients that attack (a seeded set, "
                                    "the same every round)", lo=0.0, hi=1.0)
     scale: float = schema.field(-4.0, doc="s of kind scale")
@@ -181,10 +182,17 @@ class Attack(Transform):
         return bool(np.random.default_rng([self.seed, client, ATTACKER_STREAM]).random()
                     < self.p.fraction)
 
+    def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
+        if self.p.kind != "label_flip" or not self.is_attacker(client):
+            return labels
+        return num_classes - 1 - labels
+
     def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
         if not self.is_attacker(client):
             return delta
         ctx.payload["attackers"] = 1.0
+        if self.p.kind == "label_flip":  # its update is honest training on flipped labels
+            return delta
         if self.p.kind == "sign_flip":
             return -delta
         if self.p.kind == "scale":
@@ -195,6 +203,13 @@ class Attack(Transform):
     def __init__(self, params=None, seed: int = 0):
         super().__init__(params, seed)
         self.attackers = 0.0
+
+    @classmethod
+    def check_data(cls, params, handle, where: str) -> None:
+        if params.kind == "label_flip" and handle.kind in ("tokens", "ids"):
+            raise ConfigError(f"{where}.kind", params.kind,
+                              "sign_flip, scale or gaussian on this dataset (label_flip needs "
+                              f"class labels; {handle.kind} data has none)")
 
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
         self.attackers = float(agg.extras.get("attackers", 0.0))
