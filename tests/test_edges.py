@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+import rayfl
 from rayfl import config
 from rayfl.algorithms import build, registry
 from rayfl.algorithms.base import ClientTask, has
@@ -394,3 +395,33 @@ def test_adabest_cifar100_uses_the_papers_one_percent_beta_grid():
     train_clients = cfg.data.num_clients - cfg.data.validation_clients
     assert cfg.clients_per_round / train_clients == pytest.approx(0.01)
     assert cfg.algorithm.params.beta in (0.2, 0.4, 0.6)
+
+
+# ----- 4. privacy and the event-driven modes: run where the math allows, refused otherwise ------
+MODES = {"privacy": ["privacy.noise_multiplier=0.5", "aggregation.weighting=uniform"],
+         "aggregation.mode": ["aggregation.mode=fedbuff", "aggregation.concurrency=6",
+                              "aggregation.buffer_size=3"]}
+
+
+@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_algorithm_runs_privately_or_asynchronously_or_is_refused(name, mode, tiny):
+    """The flags the config check reads (dp_post_processing, asynchronous_ok) decide: an
+    accepted combination trains two rounds to finite numbers, a refused one names the key."""
+    cls = registry.get(name)
+    accepted = cls.dp_post_processing if mode == "privacy" else cls.asynchronous_ok
+    model = {"lgfedavg": ["model.name=mlp"],
+             "fedbn": ["model.name=examples.bn_model:BNNet", "data.partition=iid"]}
+    overrides = [f"algorithm.name={name}", *model.get(name, []), *MODES[mode]]
+    run_it = tiny + overrides + ["rounds=2", "runtime.executor=inprocess"]
+    if name == "fedbn" and accepted:  # BatchNorm statistics are client data: no DP release
+        with pytest.raises(ConfigError, match="with a privacy section"):
+            rayfl.run(TINY, run_it, quiet=True)
+        return
+    if not accepted:
+        with pytest.raises(ConfigError) as err:
+            config.load(TINY, overrides)
+        assert err.value.key in (mode, "algorithm.name")
+        return
+    result = rayfl.run(TINY, run_it, quiet=True)
+    assert np.isfinite(result.params).all() and result.metrics.num_rows == 2
