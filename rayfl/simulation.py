@@ -20,6 +20,7 @@ from rayfl.algorithms.checks import check_buffers, check_groups
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
+from rayfl.data.regime import check_regime
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
 from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
@@ -182,6 +183,7 @@ def _prepare(cfg: Config):
     check_buffers(cfg, model)
     check_groups(cfg, model)
     check_data(cfg, handle)
+    check_regime(cfg.data, handle)
     check_single_rows(model, handle, cfg.local.batch_size)
     check_files(cfg.availability, handle.num_clients)
     return handle

@@ -479,3 +479,12 @@ def test_next_token_same_model_with_one_and_two_actors(tmp_path, tiny, ray_local
 def test_shakespeare_configs_validate(name):
     cfg = config.load(os.path.join(os.path.dirname(TINY), "..", "shakespeare", f"{name}.yaml"))
     assert cfg.data.partition == "natural" and cfg.model.name == "shakespeare_lstm"
+
+
+def test_label_skew_regime_is_refused_for_per_position_labels(tmp_path, tiny):
+    """client_only re-splits a round's pool with Dirichlet label skew: one label per row only;
+    period_only (an iid re-split) trains."""
+    with pytest.raises(ConfigError, match="data.regime.*one label per position"):
+        so_run(tmp_path, tiny, ["data.regime=client_only"])
+    assert not (tmp_path / "runs").exists()
+    assert so_run(tmp_path, tiny, ["data.regime=period_only"]).metrics.num_rows == 2

@@ -49,7 +49,8 @@ class DataConfig(registry.Named):
     regime: Optional[Literal["iid", "period_only", "client_only", "both"]] = field(
         None, doc="FedEve drift experiment: iid and client_only store an iid partition, "
                   "period_only and both the configured non-iid one; period_only (client_only) "
-                  "re-splits the sampled clients' pooled rows iid (Dirichlet α) every round")
+                  "re-splits the sampled clients' pooled rows iid (Dirichlet α) every round; "
+                  "client_only needs one label per row (not next-token data)")
     client_holdout: float = field(0.0, doc="fraction h of every training client's rows held "
                                            "out of training for per-client evaluation "
                                            "(eval.clients): ⌊h·n_i⌋, keyed by the seed; 0 keeps "

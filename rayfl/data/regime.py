@@ -11,9 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 from rayfl.data import partition as part
+from rayfl.schema import ConfigError
 
 RESPLIT = ("period_only", "client_only")
 REGIME_STREAM = 0xD21F7  # purpose tag of the per-round re-split generator
+
+
+def check_regime(cfg, handle) -> None:
+    """ConfigError when ``data.regime`` re-splits by label and the labels are per position."""
+    if cfg.regime == "client_only" and handle.label_len:
+        raise ConfigError("data.regime", cfg.regime,
+                          "iid, period_only or both for a dataset with one label per position "
+                          "(next-token prediction): client_only re-splits with label skew, "
+                          "which needs one label per row")
 
 
 def regime_rows(reader, regime: str | None, sampled_ids, t: int, seed: int,
