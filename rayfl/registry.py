@@ -49,6 +49,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "perfedavg": "rayfl.algorithms.perfedavg:PerFedAvg",
         "pfedme": "rayfl.algorithms.pfedme:PFedMe",
         "apfl": "rayfl.algorithms.apfl:APFL",
+        "fedproto": "rayfl.algorithms.fedproto:FedProto",
         "fedexp": "rayfl.algorithms.fedexp:FedExP",
         "qfedavg": "rayfl.algorithms.qfedavg:QFedAvg",
         "scaffold": "rayfl.algorithms.scaffold:Scaffold",

@@ -109,7 +109,7 @@ def test_builtin_presets_and_compare_rule_are_unchanged_on_the_classes():
     assert space.PRESETS["adabest"][1]["algorithm.mu"] == {"low": 1e-3, "high": 0.3, "log": True}
     assert {k for k, (a, _) in space.PRESETS.items() if a} == {
         "adabest", "fedavgm", "fedprox", "feddyn", "fedmsi", "fedmim", "fedsam", "fedspeed", "moon",
-        "fedexp", "qfedavg", "ditto", "fedrep", "perfedavg", "pfedme", "apfl"}
+        "fedexp", "qfedavg", "ditto", "fedrep", "perfedavg", "pfedme", "apfl", "fedproto"}
     base = {"name": "b", "local": {"momentum": 0.9, "lr": 0.01}}
     mim = compare.variant(base, "fedmim")
     assert mim["local"] == {"momentum": 0.0, "lr": pytest.approx(0.1)}

@@ -36,7 +36,7 @@ def _data():
     return torch.randn(N, 5, generator=g), torch.randint(0, 3, (N,), generator=g)
 
 
-def _client_round(algorithm, steps: int, state=None, x=None, spec_extra=None):
+def _client_round(algorithm, steps: int, state=None, x=None, spec_extra=None, bc_extra=None):
     """(the global model x, the upload y, the ClientResult, the context) of one client's round
     of ``algorithm`` on the full batch (every step sees all N rows)."""
     model = FlatModel(_net())
@@ -49,7 +49,7 @@ def _client_round(algorithm, steps: int, state=None, x=None, spec_extra=None):
     data = ClientData(N, grad_fn, model, inputs, labels, loss_fn)
     x = model.w.clone() if x is None else x
     x0 = x.clone()
-    task = ClientTask(0, 0, LR, 1.0, {"x": x}, state)
+    task = ClientTask(0, 0, LR, 1.0, {"x": x, **(bc_extra or {})}, state)
     spec = LocalSpec(steps=steps, batch_size=N, **(spec_extra or {}))
     ctx = LocalContext(task, data, spec, np.random.default_rng(0), None)
     y, result = algorithm.client_train(task, ctx)
@@ -139,15 +139,17 @@ def _initial(cfg_extra, tiny) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name, fixed", [("fedper", "head"), ("fedrep", "head"),
-                                         ("fedbabu", "head"), ("lgfedavg", "body")])
+                                         ("fedbabu", "head"), ("lgfedavg", "body"),
+                                         ("fedproto", "all")])
 def test_a_run_leaves_the_unshared_part_of_the_global_model_where_it_started(tiny, name, fixed):
     result = rayfl.run(TINY, tiny + MLP + [f"algorithm.name={name}"], quiet=True)
     fresh = _initial(MLP, tiny)
     head = np.zeros(len(fresh), dtype=bool)
     head[-(100 * 4 + 4):] = True  # mlp: the last Linear(100, 4)
-    part = head if fixed == "head" else ~head
+    part = {"head": head, "body": ~head, "all": np.ones_like(head)}[fixed]
     assert np.array_equal(result.params[part], fresh[part])
-    assert not np.array_equal(result.params[~part], fresh[~part])
+    if not part.all():
+        assert not np.array_equal(result.params[~part], fresh[~part])
 
 
 def test_fedrep_without_body_passes_leaves_the_global_model_at_its_initialisation(tiny):
@@ -189,3 +191,68 @@ def test_fedbabu_is_personalised_by_finetuning_not_by_state():
     with pytest.raises(ConfigError, match="eval.finetune_steps.*fedper"):
         config_mod.load(TINY, ["algorithm.name=fedper", "data.client_holdout=0.25",
                                "eval.clients=6", "eval.finetune_steps=3"])
+
+
+# ----- FedProto ---------------------------------------------------------------------------------
+def _hidden(flat: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """The representation before the classifier of _net() at ``flat``, by hand."""
+    w1, b1 = flat[:30].view(6, 5), flat[30:36]
+    return torch.relu(inputs @ w1.T + b1)
+
+
+def test_fedproto_without_the_prototype_term_trains_locally_and_sends_class_sums():
+    from rayfl.algorithms.fedproto import FedProto, FedProtoParams
+
+    algorithm = FedProto(FedProtoParams(lam=0.0))
+    bc = {"protos": torch.zeros(0), "known": torch.zeros(0)}
+    x, y, result, _ = _client_round(algorithm, steps=3, bc_extra=bc)
+    own = result.state["personal"]
+    assert torch.allclose(own, _torch_sgd(x, [0, 2], 3), atol=1e-6)
+    assert torch.equal(y, x)  # no parameter is uploaded
+    inputs, labels = _data()
+    z = _hidden(own, inputs)
+    for c in range(3):
+        assert torch.allclose(result.payload["proto_sum"][c], z[labels == c].sum(0), atol=1e-5)
+        assert result.payload["proto_count"][c] == int((labels == c).sum())
+
+
+def test_fedproto_pulls_each_representation_to_its_class_prototype():
+    """One full-batch step of CE + λ·MSE(f(x), C̄_y) by autograd; class 2 has no prototype yet
+    (its rows add no term)."""
+    from rayfl.algorithms.fedproto import FedProto, FedProtoParams
+
+    protos = torch.tensor([[0.5] * 6, [-0.2] * 6, [9.0] * 6])
+    known = torch.tensor([1.0, 1.0, 0.0])
+    x, _, result, _ = _client_round(FedProto(FedProtoParams(lam=0.7)), steps=1,
+                                    bc_extra={"protos": protos, "known": known})
+    inputs, labels = _data()
+    net = _net()
+    nn.utils.vector_to_parameters(x.clone(), net.parameters())
+    z = net[1](net[0](inputs))
+    target = torch.where((known[labels] > 0).unsqueeze(1), protos[labels], z.detach())
+    loss = nn.functional.cross_entropy(net[2](z), labels) + 0.7 * nn.functional.mse_loss(z, target)
+    loss.backward()
+    expected = x - LR * torch.cat([p.grad.flatten() for p in net.parameters()])
+    assert torch.allclose(result.state["personal"], expected, atol=1e-6)
+
+
+def test_fedproto_server_averages_prototypes_by_class_counts_and_keeps_absent_classes():
+    from rayfl.algorithms.base import Aggregate
+    from rayfl.algorithms.fedproto import FedProto
+
+    algorithm = FedProto()
+    state = algorithm.server_init(torch.zeros(4))
+    a, b = torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([[3.0, 3.0], [0.0, 0.0]])
+    sums, counts = 2 * a + 1 * b, torch.tensor([3.0, 0.0])  # client a: 2 rows, b: 1 row
+    agg = Aggregate(2, 2.0, 3, 3.0, torch.zeros(4), torch.zeros(4), 0.0,
+                    {"proto_sum": sums, "proto_count": counts})
+    state, metrics = algorithm.server_update(state, agg, 0)
+    assert torch.allclose(state["protos"][0], (2 * a[0] + b[0]) / 3)
+    assert state["known"].tolist() == [1.0, 0.0] and metrics == {"prototypes": 1.0}
+    later = Aggregate(1, 1.0, 1, 1.0, torch.zeros(4), torch.zeros(4), 0.0,
+                      {"proto_sum": torch.tensor([[0.0, 0.0], [4.0, 8.0]]),
+                       "proto_count": torch.tensor([0.0, 2.0])})
+    state, _ = algorithm.server_update(state, later, 1)
+    assert torch.allclose(state["protos"][0], (2 * a[0] + b[0]) / 3)  # kept: absent this round
+    assert state["protos"][1].tolist() == [2.0, 4.0] and state["known"].tolist() == [1.0, 1.0]
+    assert torch.equal(state["x"], torch.zeros(4))

@@ -49,6 +49,7 @@ RESUMED = [  # client state, or server rules beyond the mean
     ["algorithm.name=fedexp"],
     ["algorithm.name=fedrep", "model.name=mlp"],  # the client's head
     ["algorithm.name=lgfedavg", "model.name=mlp"],  # the client's body
+    ["algorithm.name=fedproto", "model.name=mlp"],  # whole models; the server's prototypes
     ["algorithm.name=fedbn", "model.name=examples.bn_model:BNNet",  # its γ, β and statistics
      "data.partition=iid"],
 ]

@@ -462,9 +462,12 @@ def test_next_token_every_other_algorithm_trains(tmp_path, tiny):
     from rayfl.algorithms import registry
 
     covered = {"fedavg", "scaffold", "fedadam", "feddyn"}
-    for name in sorted(set(registry.names()) - covered):
+    refused = {"fedproto"}  # class prototypes need one label per row
+    for name in sorted(set(registry.names()) - covered - refused):
         result = so_run(tmp_path, tiny, [f"algorithm.name={name}", f"name={name}", "rounds=1"])
         assert np.isfinite(result.summary["final_accuracy"]), name
+    with pytest.raises(ConfigError, match="one class label per row"):
+        so_run(tmp_path, tiny, ["algorithm.name=fedproto", "name=fedproto", "rounds=1"])
 
 
 def test_next_token_same_model_with_one_and_two_actors(tmp_path, tiny, ray_local):

@@ -206,10 +206,10 @@ class Algorithm:
         """Rules that tie the algorithm to other config sections (raise ConfigError)."""
 
     @classmethod
-    def check_model(cls, params: Any, layout: Any) -> None:
+    def check_model(cls, params: Any, layout: Any, handle: Any) -> None:
         """Rules that tie the algorithm to the model's parameter groups (``layout``: its
-        :class:`~rayfl.models.flat.Layout`), checked before anything starts (raise
-        ConfigError)."""
+        :class:`~rayfl.models.flat.Layout`) and to the data behind ``handle``, checked before
+        anything starts (raise ConfigError)."""
 
     @classmethod
     def is_preset(cls) -> bool:

@@ -76,10 +76,11 @@ def check_buffers(cfg: Any, module: Any) -> None:
                               f"no normalisation) {reason}")
 
 
-def check_groups(cfg: Any, module: Any) -> None:
+def check_model(cfg: Any, module: Any, handle: Any) -> None:
     """ConfigError when the algorithm names a parameter group ``module`` does not have
-    (FedPer's personal layers, FedBN's normalisation layers)."""
+    (FedPer's personal layers, FedBN's normalisation layers) or needs data the partition behind
+    ``handle`` lacks (FedProto's one class per row)."""
     from rayfl.algorithms import registry
     from rayfl.models.flat import Layout
 
-    registry.get(cfg.algorithm.name).check_model(cfg.algorithm.params, Layout.of(module))
+    registry.get(cfg.algorithm.name).check_model(cfg.algorithm.params, Layout.of(module), handle)

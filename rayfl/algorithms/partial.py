@@ -37,7 +37,7 @@ class PartialModel(Algorithm):
         return None
 
     @classmethod
-    def check_model(cls, params: Any, layout: Any) -> None:
+    def check_model(cls, params: Any, layout: Any, handle: Any) -> None:
         """Each group key must name a part of this model."""
         for key in cls.group_keys:
             value = getattr(params, key)

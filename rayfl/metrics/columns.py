@@ -126,6 +126,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                                       "server movement its clients extrapolate with")),
         "ima_active": ("0 or 1", "1 once IMA averages the deployed model (from ima.start)"),
         "ima_window_len": ("models", "models in IMA's averaging window"),
+        "server_lr": ("—", "FedExP's extrapolated server step size η_g (≥ 1)"),
+        "prototypes": ("classes", "FedProto: classes whose global prototype the round updated"),
         "<name>": ("—", ("an algorithm of your own: whatever its server_update returns as "
                         "metrics")),
     },
