@@ -245,9 +245,17 @@ def test_a_personalised_algorithm_scores_each_clients_own_model(tiny, algorithm,
         np.mean([r["personal_accuracy"] for r in rows]))
 
 
-def test_personal_scores_do_not_depend_on_the_actor_count(tiny, ray_local):
-    one = _run(tiny, EVAL + DITTO + ["runtime.num_actors=1", "name=one"], executor="ray")
-    two = _run(tiny, EVAL + DITTO + ["runtime.num_actors=2", "name=two"], executor="ray")
+@pytest.mark.parametrize("algorithm", [
+    DITTO, ["algorithm.name=fedrep", "model.name=mlp", "clients_per_round=10"],
+    ["algorithm.name=pfedme", "clients_per_round=10"],
+    ["algorithm.name=apfl", "algorithm.alpha=0.5", "algorithm.adaptive=true",
+     "clients_per_round=10"],
+    ["algorithm.name=fedproto", "model.name=mlp", "clients_per_round=10"]],
+    ids=lambda a: a[0].split("=")[1])
+def test_personal_scores_do_not_depend_on_the_actor_count(tiny, ray_local, algorithm):
+    one = _run(tiny, EVAL + algorithm + ["runtime.num_actors=1", "name=one"], executor="ray")
+    two = _run(tiny, EVAL + algorithm + ["runtime.num_actors=2", "name=two"], executor="ray")
+    assert one.summary["model_sha256"] == two.summary["model_sha256"]
     tables = [pq.read_table(os.path.join(r.run_dir, "client_eval.parquet")).to_pylist()
               for r in (one, two)]
     assert tables[0] == tables[1]

@@ -1,23 +1,18 @@
 """pFedMe: the client's two-level update and the server's β step against hand computations on a
-quadratic, the inner problem's closed-form limit, the personal model, the recorded loss and
-numbers independent of the actor count."""
+quadratic, the inner problem's closed-form limit, the personal model and the recorded loss
+(numbers independent of the actor count: tests/test_client_eval.py)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 import torch
 
-import rayfl
 from rayfl.algorithms.base import ClientTask
 from rayfl.algorithms.pfedme import PFedMe, PFedMeParams
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.inprocess import quadratic_client, run_client, simulate
 from rayfl.runtime.local import LocalSpec
-from tests.conftest import TINY
 
 A, B = torch.tensor([1.0, 3.0]), torch.tensor([2.0, -1.0])  # f(z) = ½ a z² − b z per coordinate
 LR = 0.1
@@ -92,16 +87,3 @@ def test_the_personal_model_is_theta_or_the_global_model_before_any_round():
     assert torch.equal(vec, theta) and torch.equal(buffers, stats)
     vec, buffers = algorithm.personal_model({"theta": theta, "theta_buffers": torch.zeros(0)}, x)
     assert torch.equal(vec, theta) and buffers is None  # a model without buffers
-
-
-def test_pfedme_runs_match_on_one_and_two_actors(tiny, ray_local):
-    common = tiny + ["runtime.executor=ray", "algorithm.name=rayfl.algorithms.pfedme:PFedMe",
-                     "data.client_holdout=0.25", "eval.clients=6", "clients_per_round=10",
-                     "rounds=3"]
-    one = rayfl.run(TINY, common + ["runtime.num_actors=1", "name=one"], quiet=True)
-    two = rayfl.run(TINY, common + ["runtime.num_actors=2", "name=two"], quiet=True)
-    assert one.summary["model_sha256"] == two.summary["model_sha256"]
-    tables = [pq.read_table(os.path.join(r.run_dir, "client_eval.parquet")).to_pylist()
-              for r in (one, two)]
-    assert tables[0] == tables[1]
-    assert all(r["personal_accuracy"] is not None for r in tables[0])
