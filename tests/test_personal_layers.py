@@ -243,3 +243,24 @@ def test_fedproto_server_averages_prototypes_by_class_counts_and_keeps_absent_cl
     assert torch.allclose(state["protos"][0], (2 * a[0] + b[0]) / 3)  # kept: absent this round
     assert state["protos"][1].tolist() == [2.0, 4.0] and state["known"].tolist() == [1.0, 1.0]
     assert torch.equal(state["x"], torch.zeros(4))
+
+
+def test_personal_models_put_the_clients_part_into_the_global_model():
+    from examples.bn_model import BNNet
+    from rayfl.algorithms.base import BUFFERS
+    from rayfl.algorithms.fedbn import FedBN
+
+    layout = FlatModel(BNNet((4,), 3, width=5)).layout
+    x = torch.arange(float(layout.offsets[-1]))
+    norm = layout.mask("norm")
+    own, stats = -torch.ones(int(norm.sum())), torch.tensor([7.0, 8.0])
+    model, buffers = FedBN().personal_model({"personal": own, BUFFERS: stats}, x, layout.mask)
+    assert torch.equal(model[norm], own) and torch.equal(model[~norm], x[~norm])
+    assert torch.equal(buffers, stats)
+    model, buffers = FedBN().personal_model(None, x, layout.mask)  # never trained: global
+    assert torch.equal(model, x) and buffers is None
+    head = FlatModel(_net()).layout.mask("head")
+    y = torch.zeros(len(head))
+    model, buffers = FedPer().personal_model({"personal": torch.ones(int(head.sum()))}, y,
+                                             FlatModel(_net()).layout.mask)
+    assert torch.equal(model, head.float()) and buffers is None
