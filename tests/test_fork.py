@@ -22,10 +22,18 @@ def _source(tiny, *extra, name="src"):
     return rayfl.run(TINY, tiny + INPROCESS + [f"name={name}", *extra], quiet=True)
 
 
-def test_a_fork_without_overrides_ends_with_the_source_bytes(tiny, tmp_path):
-    """SCAFFOLD keeps client state: the fork needs the control variates the kept checkpoint
-    refers to, which the source superseded (and would have deleted) since."""
-    src = _source(tiny, "algorithm.name=scaffold")
+PERSONAL = ["data.client_holdout=0.25", "eval.clients=6"]  # scores of the clients' own models
+
+
+@pytest.mark.parametrize("algorithm", [
+    ["algorithm.name=scaffold"], ["algorithm.name=fedrep", "model.name=mlp", *PERSONAL],
+    ["algorithm.name=fedproto", "model.name=mlp", *PERSONAL], ["algorithm.name=apfl", *PERSONAL]],
+    ids=lambda a: a[0].split("=")[1])
+def test_a_fork_without_overrides_ends_with_the_source_bytes(tiny, tmp_path, algorithm):
+    """These keep client state (control variates, heads, whole models, personal models): the
+    fork needs the versions the kept checkpoint refers to, which the source superseded (and
+    would have deleted) since; FedProto's server state holds its prototypes."""
+    src = _source(tiny, *algorithm)
     assert checkpoint.kept_rounds(src.run_dir) == [2, 4]
     for at in (2, 4):
         out = fork(src.run_dir, at, run_dir=str(tmp_path / f"f{at}"), quiet=True)
@@ -36,6 +44,11 @@ def test_a_fork_without_overrides_ends_with_the_source_bytes(tiny, tmp_path):
         assert mine[:at] == theirs[:at]
         assert json.load(open(os.path.join(out.run_dir, "provenance.json")))["forked_from"] == {
             "run_dir": src.run_dir, "round": at}
+        if PERSONAL[1] in algorithm:  # the personal models after the fork are the source's
+            mine, theirs = (pq.read_table(os.path.join(r.run_dir, "client_eval.parquet"))
+                            .to_pylist() for r in (out, src))
+            assert [r for r in mine if r["round"] == 6] == [r for r in theirs if r["round"] == 6]
+            assert any(r["personal_accuracy"] != r["accuracy"] for r in mine if r["round"] == 6)
 
 
 def test_a_paused_and_resumed_source_keeps_what_its_kept_checkpoints_refer_to(tiny, tmp_path):
