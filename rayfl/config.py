@@ -488,11 +488,22 @@ def from_dict(raw: dict) -> Config:
     check_server_opt(cls, cfg)
     check_privacy(cls, cfg)
     check_personal(cls, cfg)
+    check_selection(cfg)
     from rayfl.transforms import check_run
 
     check_run(cfg)
     check_asynchronous(cls, cfg)
     return cfg
+
+
+def check_selection(cfg: Config) -> None:
+    """Power-of-choice needs at least as many candidates as it samples."""
+    av = cfg.availability
+    drawn = math.ceil(round(cfg.clients_per_round * av.overcommit, 9))
+    if av.candidates is not None and av.candidates < drawn:
+        raise ConfigError("availability.candidates", av.candidates,
+                          f"at least the {drawn} clients a round samples (clients_per_round × "
+                          "availability.overcommit)")
 
 
 def check_personal(cls, cfg: Config) -> None:
@@ -554,6 +565,10 @@ def check_privacy(cls, cfg: Config) -> None:
     if cfg.availability.overcommit != 1.0:
         raise ConfigError("availability.overcommit", cfg.availability.overcommit,
                           "1 with privacy (the accountant models clients_per_round draws)")
+    if cfg.availability.selection != "uniform":
+        raise ConfigError("availability.selection", cfg.availability.selection,
+                          "uniform with privacy (the accountant assumes uniform client "
+                          "sampling; loss-based selection also reads client data unprotected)")
     ad = cfg.privacy.adaptive_clip
     if ad is not None:
         sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20

@@ -11,7 +11,8 @@ from rayfl.availability.sampler import Sampler
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
                  model_bytes: int = 0, poisson_rate: float | None = None,
                  upload_bytes: float | None = None) -> Sampler:
-    """The round planner for ``cfg``: call ``.plan(t, now)`` once per round.
+    """The round planner for ``cfg``: call ``.plan(t, now)`` once per round (``.plan(t, now,
+    losses)`` under power-of-choice selection).
 
     ``handle`` is the run's :class:`~rayfl.data.DataHandle` (client sizes, labels via
     ``handle.open()``); ``spec`` the :class:`~rayfl.runtime.local.LocalSpec` (K_i per client);

@@ -2,7 +2,8 @@
 
 Per round t starting at virtual time ``now``: the online model says who is online at ``now``;
 ``ceil(K · overcommit)`` online clients are sampled uniformly (or, with ``poisson_rate`` q, each
-online client independently with probability q); each fails mid-round with
+online client independently with probability q; or by power of choice: ``candidates`` drawn ∝
+sample count, the highest-loss of them); each fails mid-round with
 probability ``dropout`` or is offline when it would report (models with continuous online
 intervals, such as ``trace``); the first K survivors to finish are kept (FedScale over-commitment);
 a kept client whose finish time passes the deadline, or one of the ``stragglers`` fraction that
@@ -34,19 +35,24 @@ class Sampler:
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
         self.upload_bytes = model_bytes if upload_bytes is None else upload_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
+        self.candidates = cfg.candidates if cfg.candidates is not None else 2 * self.draw
         self.devices = Devices(cfg, self.n, seed)
         self.clock = 0.0
         self.poisson_rate = poisson_rate  # each online client joins with this probability
 
-    def plan(self, t: int, now: float | None = None) -> RoundPlan:
-        """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan)."""
+    def plan(self, t: int, now: float | None = None, losses=None) -> RoundPlan:
+        """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan);
+        ``losses`` (candidate ids -> their losses) scores power-of-choice's candidates."""
         cfg = self.cfg
         start = self.clock if now is None else float(now)
         online = self.model.online(t, start)
         n_online = self.n if online is None else int(np.count_nonzero(online))
         pool = self.n if online is None else np.flatnonzero(online)
         rng = np.random.default_rng([self.seed, t, SAMPLE])
-        if self.poisson_rate is None:  # ceil(K · overcommit) of the online clients, uniformly
+        if self.poisson_rate is None and cfg.selection == "power_of_choice":
+            m = min(self.draw, n_online)
+            sampled = self._power_of_choice(rng, pool, n_online, m, losses)
+        elif self.poisson_rate is None:  # ceil(K · overcommit) of the online clients, uniformly
             m = min(self.draw, n_online)
             sampled = rng.choice(pool, m, replace=False)
         else:  # Poisson sampling (DP accounting): every online client independently
@@ -91,6 +97,18 @@ class Sampler:
         return RoundPlan(clients=clients, step_budget=budget if partial else None,
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
+
+    def _power_of_choice(self, rng, pool, n_online: int, m: int, losses) -> np.ndarray:
+        """d candidates drawn without replacement with probability ∝ sample count, then the m
+        with the highest loss (ties: the earlier drawn), in draw order of rank."""
+        members = np.arange(self.n) if np.ndim(pool) == 0 else pool
+        p = self.sizes[members] / self.sizes[members].sum()
+        d = min(self.candidates, int(np.count_nonzero(p)))
+        candidates = rng.choice(members, d, replace=False, p=p)
+        order = np.argsort(candidates)
+        scores = np.empty(d)
+        scores[order] = losses(candidates[order])  # scored in ascending id order
+        return candidates[np.argsort(-scores, kind="stable")[:m]]
 
     def _stragglers(self, t: int, steps: np.ndarray, budget: np.ndarray) -> np.ndarray:
         """FedProx's stragglers among the kept clients: ``round(stragglers · kept)`` of them,

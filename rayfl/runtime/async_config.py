@@ -52,6 +52,9 @@ def check_config(cls, cfg) -> None:
          "1 (slots are refilled as clients arrive; nothing to over-commit)"),
         ("availability.interval_s", av.interval_s, av.interval_s != 0.0,
          "0 (the server never idles between rounds)"),
+        ("availability.selection", av.selection, av.selection != "uniform",
+         "uniform (a freed slot is refilled at once; there is no round of candidates to "
+         "score)"),
         ("data.regime", cfg.data.regime, cfg.data.regime is not None,
          "null (the drift regimes re-split a synchronous round's data)"),
         ("keep.rounds", cfg.keep.rounds, bool(cfg.keep.rounds),

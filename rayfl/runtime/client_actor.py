@@ -161,6 +161,20 @@ class ClientWorker:
         rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
         return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
 
+    @torch.no_grad()
+    def client_losses(self, point: np.ndarray, client_ids, batch_size: int,
+                      buffers: np.ndarray | None = None) -> np.ndarray:
+        """Each client's mean loss on its training rows at ``point`` (with its model
+        ``buffers``): power-of-choice's F_k(w^t); writes nothing."""
+        w = torch.as_tensor(np.array(point)).to(self.device)
+        self.model.set_buffers(None if buffers is None else
+                               torch.as_tensor(np.array(buffers)).to(self.device))
+        out = np.empty(len(client_ids))
+        for row, client in enumerate(np.asarray(client_ids, dtype=np.int64)):
+            x, y = self.reader.tensors(*self.reader.client(int(client)), self.device)
+            out[row] = float(self.loss_fn(self.model.predict(w, x, batch_size), y))
+        return out
+
     def client_scores(self, t: int, point: np.ndarray, client_ids, finetune,
                       batch_size: int, buffers: np.ndarray | None = None,
                       versions: np.ndarray | None = None) -> np.ndarray:

@@ -94,6 +94,17 @@ class RayExecutor:
                            [a for a, _, _ in busy])
         return np.concatenate(parts) if parts else np.zeros((0, 6))
 
+    def client_losses(self, point, client_ids, batch_size, buffers=None) -> np.ndarray:
+        """Power-of-choice's candidate losses, the clients split evenly over the actors."""
+        import ray
+
+        point_ref = ray.put(point)
+        busy = [(a, c) for a, c in zip(self.actors, np.array_split(client_ids, len(self.actors)))
+                if len(c)]
+        parts = self._wait([a.client_losses.remote(point_ref, c, batch_size, buffers)
+                            for a, c in busy], [a for a, _ in busy])
+        return np.concatenate(parts) if parts else np.zeros(0)
+
 
 class InProcessExecutor:
     """Every group in this process, through one :class:`ClientWorker`."""
@@ -111,3 +122,6 @@ class InProcessExecutor:
                       buffers=None, versions=None) -> np.ndarray:
         return self.worker.client_scores(t, point, client_ids, finetune, batch_size, buffers,
                                          versions)
+
+    def client_losses(self, point, client_ids, batch_size, buffers=None) -> np.ndarray:
+        return self.worker.client_losses(point, client_ids, batch_size, buffers)

@@ -197,7 +197,7 @@ class Server:
     def _sync_round(self, t: int, lr: float):
         """A synchronous round: the availability model's plan, then the round loop."""
         tick = time.perf_counter()
-        plan = self.sampler.plan(t, self.virtual_time)
+        plan = self.sampler.plan(t, self.virtual_time, self._candidate_losses(t))
         num_sampled = len(plan.clients) + len(plan.dropped)
         keep_dir = self._keep_dir(t)
         if keep_dir is not None:
@@ -215,6 +215,16 @@ class Server:
                      **({} if self.accounting is None else
                         {"dp_epsilon": privacy.epsilon(t + 1, **self.accounting)}),
                      "sampled": num_sampled, "plan_s": plan_s}
+
+    def _candidate_losses(self, t: int):
+        """Power-of-choice's scores: candidate ids -> each one's training loss at the point
+        round ``t``'s clients start from (None under uniform selection)."""
+        if self.cfg.availability.selection != "power_of_choice":
+            return None
+        start = self.algorithm.broadcast(self.state, t)["x"].detach().cpu().numpy()
+        buffers = None if self.loop.buffers is None else self.loop.buffers.cpu().numpy()
+        return lambda ids: self.loop.executor.client_losses(start, ids, self.cfg.eval.batch_size,
+                                                            buffers)
 
     def _keep_dir(self, t: int) -> str | None:
         keep = self.cfg.keep  # keep.rounds and the directory name count rounds from 1
