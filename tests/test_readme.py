@@ -75,7 +75,8 @@ def _scratch(root) -> None:
         tiny = yaml.safe_load(f)
     tiny.update({"output_dir": "runs", "rounds": 4, "eval": {"every": 2}})
     tiny["data"]["cache_dir"] = str(root / "cache")
-    for name in ("quickstart", "papers/compare_fmnist", "analysis/fmnist_drift"):
+    for name in ("quickstart", "papers/compare_fmnist", "analysis/fmnist_drift",
+                 "shakespeare/compare_cpu", "async/fedbuff_fmnist"):
         path = root / "configs" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {**tiny, "name": os.path.basename(name)}
