@@ -80,8 +80,9 @@ def _scratch(root) -> None:
         path = root / "configs" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         config = {**tiny, "name": os.path.basename(name)}
-        if name == "papers/compare_fmnist":  # its commands evaluate 100 clients
-            config["data"] = {**tiny["data"], "num_clients": 100}
+        if name == "papers/compare_fmnist":  # its commands evaluate 100 clients and name
+            config["data"] = {**tiny["data"], "num_clients": 100}  # a model's body and head
+            config["model"] = {"name": "mlp"}
         with open(path, "w") as f:
             yaml.safe_dump(config, f)
     (root / "configs" / "studies").mkdir()
