@@ -17,6 +17,7 @@ import yaml
 
 from rayfl import registry, schema, yamlio
 from rayfl.availability.config import AvailabilityConfig
+from rayfl.selection.config import SelectionConfig
 from rayfl.data.config import DataConfig
 from rayfl.schema import ConfigError, field
 
@@ -433,6 +434,7 @@ class Config:
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
     availability: AvailabilityConfig = field(factory=AvailabilityConfig)
+    selection: SelectionConfig = field(factory=SelectionConfig)
     runtime: RuntimeConfig = field(factory=RuntimeConfig)
     eval: EvalConfig = field(factory=EvalConfig)
     checkpoint: CheckpointConfig = field(factory=CheckpointConfig)
@@ -479,8 +481,9 @@ def from_dict(raw: dict) -> Config:
     """Validate a plain dict (as loaded from YAML) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
-    if isinstance(raw.get("algorithm"), str):  # `algorithm: scaffold` is `{name: scaffold}`
-        raw = {**raw, "algorithm": {"name": raw["algorithm"]}}
+    for section in ("algorithm", "selection"):  # `algorithm: scaffold` is `{name: scaffold}`
+        if isinstance(raw.get(section), str):
+            raw = {**raw, section: {"name": raw[section]}}
     cfg = schema.build(Config, raw)
     cls = cfg.algorithm.component()
     check_weighting(cls, cfg)
@@ -488,22 +491,12 @@ def from_dict(raw: dict) -> Config:
     check_server_opt(cls, cfg)
     check_privacy(cls, cfg)
     check_personal(cls, cfg)
-    check_selection(cfg)
+    cfg.selection.component().check_config(cfg.selection.params, cfg)
     from rayfl.transforms import check_run
 
     check_run(cfg)
     check_asynchronous(cls, cfg)
     return cfg
-
-
-def check_selection(cfg: Config) -> None:
-    """Power-of-choice needs at least as many candidates as it samples."""
-    av = cfg.availability
-    drawn = math.ceil(round(cfg.clients_per_round * av.overcommit, 9))
-    if av.candidates is not None and av.candidates < drawn:
-        raise ConfigError("availability.candidates", av.candidates,
-                          f"at least the {drawn} clients a round samples (clients_per_round × "
-                          "availability.overcommit)")
 
 
 def check_personal(cls, cfg: Config) -> None:
@@ -565,8 +558,8 @@ def check_privacy(cls, cfg: Config) -> None:
     if cfg.availability.overcommit != 1.0:
         raise ConfigError("availability.overcommit", cfg.availability.overcommit,
                           "1 with privacy (the accountant models clients_per_round draws)")
-    if cfg.availability.selection != "uniform":
-        raise ConfigError("availability.selection", cfg.availability.selection,
+    if cfg.selection.name != "uniform":
+        raise ConfigError("selection.name", cfg.selection.name,
                           "uniform with privacy (the accountant assumes uniform client "
                           "sampling; loss-based selection also reads client data unprotected)")
     ad = cfg.privacy.adaptive_clip

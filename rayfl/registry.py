@@ -1,7 +1,7 @@
 """Components by name: built-ins, ``package.module:Name`` references and objects registered in Python.
 
-Four kinds of component are named in a config: ``algorithm.name``, ``model.name``,
-``data.dataset`` and ``availability.model``. Each accepts a built-in name (the tables below:
+Five kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+``data.dataset``, ``availability.model`` and ``selection.name``. Each accepts a built-in name (the tables below:
 adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
@@ -29,7 +29,7 @@ from rayfl.suggest import no_such_key
 
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
-        "availability": "availability.model"}
+        "availability": "availability.model", "selection": "selection.name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -98,6 +98,11 @@ BUILTINS: dict[str, dict[str, str]] = {
         "bernoulli": "rayfl.availability.bernoulli:Bernoulli",
         "diurnal": "rayfl.availability.diurnal:Diurnal",
         "trace": "rayfl.availability.trace:Trace",
+    },
+    "selection": {
+        "uniform": "rayfl.selection.uniform:Uniform",
+        "power_of_choice": "rayfl.selection.power_of_choice:PowerOfChoice",
+        "oort": "rayfl.selection.oort:Oort",
     },
 }
 

@@ -10,9 +10,9 @@ from rayfl.availability.sampler import Sampler
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
                  model_bytes: int = 0, poisson_rate: float | None = None,
-                 upload_bytes: float | None = None) -> Sampler:
+                 upload_bytes: float | None = None, selection=None) -> Sampler:
     """The round planner for ``cfg``: call ``.plan(t, now)`` once per round (``.plan(t, now,
-    losses)`` under power-of-choice selection).
+    losses)`` when the ``selection`` section's selector ``scores_candidates``).
 
     ``handle`` is the run's :class:`~rayfl.data.DataHandle` (client sizes, labels via
     ``handle.open()``); ``spec`` the :class:`~rayfl.runtime.local.LocalSpec` (K_i per client);
@@ -23,7 +23,7 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
     ctx = Context(handle.num_clients, seed, handle.num_classes, stats, cfg.correlate)
     model = cfg.component().build(cfg, ctx)
     return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes,
-                   poisson_rate, upload_bytes)
+                   poisson_rate, upload_bytes, selection)
 
 
 def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:

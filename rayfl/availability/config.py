@@ -47,13 +47,6 @@ class AvailabilityConfig(registry.Named):
                            lo=0.0, hi=1.0, hi_open=True)
     overcommit: float = field(1.0, doc="sample ceil(clients_per_round × overcommit) and keep "
                                        "the first clients_per_round to finish (FedScale)", lo=1.0)
-    selection: Literal["uniform", "power_of_choice"] = field(
-        "uniform", doc="who is sampled among the online clients: uniform, or power_of_choice "
-                       "(Cho, Wang & Joshi, AISTATS 2022: draw `candidates` online clients with "
-                       "probability ∝ their sample counts, compute each one's training loss on "
-                       "the current global model, sample the highest-loss ones)")
-    candidates: int | None = field(None, doc="power_of_choice: d, the candidates a round "
-                                              "scores (null: twice the clients sampled)", lo=1)
     deadline_s: float | None = field(None, doc="virtual round deadline in seconds (null: "
                                                   "wait for every kept client)",
                                         lo=0.0, lo_open=True)
@@ -84,10 +77,6 @@ class AvailabilityConfig(registry.Named):
 
     def check(self, prefix: str) -> None:
         """Rules of the section itself; each model's own rules are its ``check_section``."""
-        if self.candidates is not None and self.selection != "power_of_choice":
-            raise ConfigError(f"{prefix}.candidates", self.candidates,
-                              "null unless selection is power_of_choice (uniform sampling "
-                              "scores no candidates)")
         if self.capacity_path is not None:
             check_file(f"{prefix}.capacity_path", self.capacity_path, (".pkl", ".pickle"))
 

@@ -1,9 +1,9 @@
 """The round planner: online model → sampling → failures → stragglers → plan and virtual clock.
 
 Per round t starting at virtual time ``now``: the online model says who is online at ``now``;
-``ceil(K · overcommit)`` online clients are sampled uniformly (or, with ``poisson_rate`` q, each
-online client independently with probability q; or by power of choice: ``candidates`` drawn ∝
-sample count, the highest-loss of them); each fails mid-round with
+``ceil(K · overcommit)`` online clients are sampled by the selector (``selection.*``: uniformly
+by default), or, with ``poisson_rate`` q, each online client independently with probability q;
+each fails mid-round with
 probability ``dropout`` or is offline when it would report (models with continuous online
 intervals, such as ``trace``); the first K survivors to finish are kept (FedScale over-commitment);
 a kept client whose finish time passes the deadline, or one of the ``stragglers`` fraction that
@@ -22,6 +22,7 @@ from rayfl.availability.base import DROPOUT, SAMPLE, STRAGGLE, RoundPlan
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import Devices
 from rayfl.availability.labels import LabelStats
+from rayfl.selection import SelectionConfig, SelectionContext
 
 
 class Sampler:
@@ -29,43 +30,53 @@ class Sampler:
 
     def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
                  clients_per_round: int, seed: int, spec, model_bytes: int = 0,
-                 poisson_rate: float | None = None, upload_bytes: float | None = None):
+                 poisson_rate: float | None = None, upload_bytes: float | None = None,
+                 selection=None):
         self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
         self.sizes, self.n = sizes, len(sizes)
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
         self.upload_bytes = model_bytes if upload_bytes is None else upload_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
-        self.candidates = cfg.candidates if cfg.candidates is not None else 2 * self.draw
         self.devices = Devices(cfg, self.n, seed)
         self.clock = 0.0
         self.poisson_rate = poisson_rate  # each online client joins with this probability
+        selection = selection or SelectionConfig()
+        self.selector = selection.component()(
+            selection.params, SelectionContext(sizes, seed, self.round_duration))
+
+    def times(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(K_i, transfer seconds, seconds per step) of each of ``clients``."""
+        n_i = self.sizes[clients]
+        steps = np.array([self.spec.num_steps(int(s)) for s in n_i], dtype=np.int64)
+        comm, step_s = self.devices.times(clients, n_i, self.spec.batch_size, self.model_bytes,
+                                          self.upload_bytes)
+        return steps, comm, step_s
+
+    def round_duration(self, clients: np.ndarray) -> np.ndarray:
+        """Virtual seconds each of ``clients`` takes for a full round: transfers and K_i steps."""
+        steps, comm, step_s = self.times(clients)
+        return comm + steps * step_s
 
     def plan(self, t: int, now: float | None = None, losses=None) -> RoundPlan:
         """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan);
-        ``losses`` (candidate ids -> their losses) scores power-of-choice's candidates."""
+        ``losses`` (candidate ids -> their losses) scores the candidates of a selector that
+        ``scores_candidates``."""
         cfg = self.cfg
         start = self.clock if now is None else float(now)
         online = self.model.online(t, start)
         n_online = self.n if online is None else int(np.count_nonzero(online))
-        pool = self.n if online is None else np.flatnonzero(online)
+        members = np.arange(self.n) if online is None else np.flatnonzero(online)
         rng = np.random.default_rng([self.seed, t, SAMPLE])
-        if self.poisson_rate is None and cfg.selection == "power_of_choice":
+        if self.poisson_rate is None:  # ceil(K · overcommit) of the online clients
             m = min(self.draw, n_online)
-            sampled = self._power_of_choice(rng, pool, n_online, m, losses)
-        elif self.poisson_rate is None:  # ceil(K · overcommit) of the online clients, uniformly
-            m = min(self.draw, n_online)
-            sampled = rng.choice(pool, m, replace=False)
+            sampled = self.selector.select(t, rng, members, m, losses)
         else:  # Poisson sampling (DP accounting): every online client independently
-            members = np.arange(self.n) if online is None else pool
             sampled = members[rng.random(len(members)) < self.poisson_rate]
             m = len(sampled)
         failed = np.random.default_rng([self.seed, t, DROPOUT]).random(m) < cfg.dropout
         alive = sampled[~failed].astype(np.int64)
 
-        n_i = self.sizes[alive]
-        steps = np.array([self.spec.num_steps(int(s)) for s in n_i], dtype=np.int64)
-        comm, step_s = self.devices.times(alive, n_i, self.spec.batch_size, self.model_bytes,
-                                          self.upload_bytes)
+        steps, comm, step_s = self.times(alive)
         finish = comm + steps * step_s
         report = finish if cfg.deadline_s is None else np.minimum(finish, cfg.deadline_s)
         here = self.model.online_at(alive, start + report)
@@ -97,18 +108,6 @@ class Sampler:
         return RoundPlan(clients=clients, step_budget=budget if partial else None,
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
-
-    def _power_of_choice(self, rng, pool, n_online: int, m: int, losses) -> np.ndarray:
-        """d candidates drawn without replacement with probability ∝ sample count, then the m
-        with the highest loss (ties: the earlier drawn), in draw order of rank."""
-        members = np.arange(self.n) if np.ndim(pool) == 0 else pool
-        p = self.sizes[members] / self.sizes[members].sum()
-        d = min(self.candidates, int(np.count_nonzero(p)))
-        candidates = rng.choice(members, d, replace=False, p=p)
-        order = np.argsort(candidates)
-        scores = np.empty(d)
-        scores[order] = losses(candidates[order])  # scored in ascending id order
-        return candidates[np.argsort(-scores, kind="stable")[:m]]
 
     def _stragglers(self, t: int, steps: np.ndarray, budget: np.ndarray) -> np.ndarray:
         """FedProx's stragglers among the kept clients: ``round(stragglers · kept)`` of them,

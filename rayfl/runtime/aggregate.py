@@ -30,6 +30,7 @@ class PartialSum:
     steps: int = 0
     samples: int = 0
     loss_sum: float = 0.0  # Σ mean local loss of each client
+    client_losses: list[tuple[int, float]] = field(default_factory=list)  # (client, mean loss)
     extras: dict[str, Any] = field(default_factory=dict)
     client_ids: list[int] = field(default_factory=list)  # only with keep_models
     client_models: list[torch.Tensor] = field(default_factory=list)
@@ -51,6 +52,7 @@ class PartialSum:
         self.steps += steps
         self.samples += samples
         self.loss_sum += loss
+        self.client_losses.append((int(client_id), float(loss)))
         for k, v in result.payload.items():
             self.extras[k] = _add(self.extras.get(k), v)
         if buffers is not None:
@@ -73,6 +75,7 @@ class PartialSum:
         self.steps += other.steps
         self.samples += other.samples
         self.loss_sum += other.loss_sum
+        self.client_losses += other.client_losses
         for k, v in other.extras.items():
             self.extras[k] = _add(self.extras.get(k), v)
         self.client_ids += other.client_ids

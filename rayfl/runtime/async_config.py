@@ -52,7 +52,7 @@ def check_config(cls, cfg) -> None:
          "1 (slots are refilled as clients arrive; nothing to over-commit)"),
         ("availability.interval_s", av.interval_s, av.interval_s != 0.0,
          "0 (the server never idles between rounds)"),
-        ("availability.selection", av.selection, av.selection != "uniform",
+        ("selection.name", cfg.selection.name, cfg.selection.name != "uniform",
          "uniform (a freed slot is refilled at once; there is no round of candidates to "
          "score)"),
         ("data.regime", cfg.data.regime, cfg.data.regime is not None,

@@ -63,7 +63,8 @@ class Server:
             model_bytes=w.numel() * w.element_size(),
             poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
             upload_bytes=None if chain is None else chain.upload_bytes(w.numel(),
-                                                                       w.element_size()))
+                                                                       w.element_size()),
+            selection=cfg.selection)
         if actor_names is None:
             worker = ClientWorker(cfg, handle, self.state_root,
                                   cfg.runtime.state_memory_mb * 2**20)
@@ -117,6 +118,7 @@ class Server:
         checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
         if self.asynchronous is not None:
             self.asynchronous.restore(ck["asynchronous"])
+        self.sampler.selector.load_state(ck.get("selection"))
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -206,6 +208,7 @@ class Server:
         plan_s = time.perf_counter() - tick
         out = self.loop.run(self.state, t, plan.clients, plan.step_budget, lr, num_sampled,
                             keep_dir)
+        self.sampler.selector.observe(t, dict(out.total.client_losses))
         tick = time.perf_counter()
         self.virtual_time += plan.duration
         if keep_dir is not None:
@@ -217,9 +220,9 @@ class Server:
                      "sampled": num_sampled, "plan_s": plan_s}
 
     def _candidate_losses(self, t: int):
-        """Power-of-choice's scores: candidate ids -> each one's training loss at the point
-        round ``t``'s clients start from (None under uniform selection)."""
-        if self.cfg.availability.selection != "power_of_choice":
+        """The selector's candidate scores: ids -> each one's training loss at the point round
+        ``t``'s clients start from (None when the selector scores no candidates)."""
+        if not self.sampler.selector.scores_candidates:
             return None
         start = self.algorithm.broadcast(self.state, t)["x"].detach().cpu().numpy()
         buffers = None if self.loop.buffers is None else self.loop.buffers.cpu().numpy()
@@ -273,7 +276,8 @@ class Server:
             "transforms": None if self.loop.transforms is None else
             self.loop.transforms.server_state(),
             "asynchronous": None if self.asynchronous is None else
-            self.asynchronous.snapshot()}, keep=keep)
+            self.asynchronous.snapshot(),
+            "selection": self.sampler.selector.state()}, keep=keep)
         if keep:
             v = self.loop.versions
             self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))

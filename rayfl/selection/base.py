@@ -1,0 +1,56 @@
+"""The selector interface: which of the online clients a synchronous round samples.
+
+A selector is built once per run as ``cls(params, ctx)`` and asked each round for ``m`` of the
+online clients; it may learn from what the clients report after training (:meth:`observe`)
+and then carries state, which the server checkpoints (:meth:`state` / :meth:`load_state`), so a
+resumed or forked run selects exactly as the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SelectionContext:
+    """What a selector may build itself from."""
+
+    sizes: np.ndarray  # training samples of each of the N clients
+    seed: int
+    duration: Callable[[np.ndarray], np.ndarray]  # clients -> virtual seconds of a full round
+
+
+class Selector:
+    """Uniform selection (the default); subclasses override :meth:`select`. A selector that
+    sets ``scores_candidates`` receives ``losses`` (client ids -> training loss at the round's
+    start model, computed on the client actors) in :meth:`select`."""
+
+    name: ClassVar[str] = "uniform"
+    Params: ClassVar[Any] = None
+    scores_candidates: ClassVar[bool] = False
+
+    def __init__(self, params: Any, ctx: SelectionContext):
+        self.p, self.ctx = params, ctx
+
+    def select(self, t: int, rng: np.random.Generator, online: np.ndarray, m: int,
+               losses: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
+        """``m`` distinct ids of ``online`` (ascending ids of the online clients) for round
+        ``t``; every random draw from ``rng`` (keyed by the run's seed and ``t``)."""
+        return rng.choice(online, m, replace=False)
+
+    def observe(self, t: int, losses: dict[int, float]) -> None:
+        """Round ``t``'s completed clients and the mean training loss each reported."""
+
+    def state(self) -> Any:
+        """What :meth:`observe` learnt (None: nothing), for the checkpoint."""
+        return None
+
+    def load_state(self, state: Any) -> None:
+        """Restore :meth:`state` from a checkpoint."""
+
+    @classmethod
+    def check_config(cls, params: Any, cfg: Any) -> None:
+        """A ConfigError for settings this selector cannot honour (default: none)."""
