@@ -11,7 +11,7 @@ register_algorithm = registrar("algorithm")
 register_model = registrar("model")
 register_dataset = registrar("dataset")
 register_availability = registrar("availability")
-register_selector = registrar("selection")
+register_selector = registrar("selector")
 
 __all__ = ["Config", "ConfigError", "RunResult", "load_config", "resume", "run",
            "register_algorithm", "register_model", "register_dataset", "register_availability",

@@ -168,7 +168,7 @@ def config_reference(algorithm: str | None = None, others: dict[str, str] | None
     parts = ["## Run config keys", "", _table(describe_fields(Config)), ""]
     if algorithm is None and not others:
         parts += optional_sections() + transform_reference()
-        for kind in ("model", "dataset", "availability", "selection"):
+        for kind in ("model", "dataset", "availability", "selector"):
             parts += _components(kind)
     for name in [algorithm] if algorithm else ([] if others else registry.names("algorithm")):
         parts.append(component_reference("algorithm", name))

@@ -29,7 +29,7 @@ from rayfl.suggest import no_such_key
 
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
-        "availability": "availability.model", "selection": "selection.name"}
+        "availability": "availability.model", "selector": "selection.name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -99,7 +99,7 @@ BUILTINS: dict[str, dict[str, str]] = {
         "diurnal": "rayfl.availability.diurnal:Diurnal",
         "trace": "rayfl.availability.trace:Trace",
     },
-    "selection": {
+    "selector": {
         "uniform": "rayfl.selection.uniform:Uniform",
         "power_of_choice": "rayfl.selection.power_of_choice:PowerOfChoice",
         "oort": "rayfl.selection.oort:Oort",

@@ -13,7 +13,7 @@ from rayfl.schema import field
 class SelectionConfig(registry.Named):
     """Client selection: a built-in rule or a user's ``package.module:Name`` Selector."""
 
-    KIND = "selection"
+    KIND = "selector"
 
     name: str = field("uniform", doc="who is sampled among the online clients: a built-in "
                                      "(listed under `selection.name` below) or "

@@ -1,0 +1,118 @@
+"""``aggregation.*``, ``compression.*`` and ``privacy.*``: how client updates are combined,
+compressed and privatised (see ``rayfl.transforms``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from rayfl.schema import ConfigError, field
+
+
+@dataclass(frozen=True)
+class AggregationConfig:
+    """How client updates are weighted, and when the server applies them."""
+
+    weighting: Literal["auto", "samples", "uniform", "degree"] = field(
+        "auto", doc="p_i ∝ n_i (samples), 1 (uniform), or similarity degree (fedmsi only); "
+                    "auto: uniform with privacy (DP-FedAvg), else the algorithm's paper "
+                    "(uniform for adabest and fedmim, degree for fedmsi, else samples)")
+    transforms: list[dict] = field(
+        factory=list, doc="aggregation transforms applied in order to each client update and "
+                          "the round's sum, e.g. [{name: clip, max_norm: 1.0}] (see "
+                          "`rayfl keys`: identity, clip, qsgd, topk, randk, secagg, median, "
+                          "trimmed_mean, krum, attack)")
+    mode: Literal["sync", "fedbuff", "fedasync"] = field(
+        "sync", doc="sync: synchronous rounds; fedbuff: event-driven on the virtual clock, the "
+                    "server steps every buffer_size arrivals (Nguyen et al. 2022); fedasync: it "
+                    "mixes in every arrival, x ← (1 − α_t) x + α_t y (Xie et al. 2019); in both "
+                    "async modes `rounds` counts server updates")
+    concurrency: Optional[int] = field(
+        None, doc="fedbuff/fedasync: clients training at once (a freed slot is refilled at "
+                  "once from the online clients not in flight); null: clients_per_round", lo=1)
+    buffer_size: Optional[int] = field(
+        None, doc="fedbuff: arrivals per server update K (null: clients_per_round); fedasync: "
+                  "1 (null or 1)", lo=1)
+    staleness: Literal["constant", "polynomial", "hinge"] = field(
+        "polynomial", doc="fedbuff/fedasync: staleness weight s(τ), τ = server updates since the "
+                          "client's model was sent: constant 1; polynomial (1 + τ)^−a; hinge 1 "
+                          "for τ ≤ b, else 1/(a (τ − b) + 1)")
+    staleness_a: float = field(0.5, doc="a of the polynomial and hinge staleness weights",
+                               lo=0.0)
+    staleness_b: int = field(4, doc="b of the hinge staleness weight (updates this stale or "
+                                    "fresher weigh 1)", lo=0)
+    max_staleness: Optional[int] = field(
+        None, doc="fedbuff/fedasync: discard arrivals staler than this many server updates "
+                  "(counted as `discarded`); null: keep all", lo=0)
+    mixing: float = field(0.6, doc="fedasync: α, the mixing weight α_t = α·s(τ) of an arrival "
+                                   "(the server step x ← x − η_g α_t (x − y) is the mixing at "
+                                   "η_g = 1)", lo=0.0, hi=1.0, lo_open=True)
+
+    def check(self, prefix: str) -> None:
+        from rayfl.transforms import validate
+
+        validate(self.transforms, f"{prefix}.transforms")
+        if self.mode == "fedasync" and self.buffer_size not in (None, 1):
+            raise ConfigError(f"{prefix}.buffer_size", self.buffer_size,
+                              "null or 1 with mode fedasync (it applies every arrival)")
+
+
+@dataclass(frozen=True)
+class AdaptiveClipConfig:
+    """Adaptive clipping (Andrew et al., NeurIPS 2021): S tracks a quantile of update norms."""
+
+    target_quantile: float = field(0.5, doc="γ: the share of clients whose update norm should "
+                                            "stay within S", lo=0.0, hi=1.0)
+    learning_rate: float = field(0.2, doc="η_C: S ← S·exp(−η_C (b̃ − γ)) each round, b̃ the "
+                                          "noised share of unclipped clients", lo=0.0,
+                                 lo_open=True)
+    count_noise: Optional[float] = field(
+        None, doc="σ_b: std of the noise on the unclipped count (null: clients_per_round / 20); "
+                  "the update's multiplier becomes (z⁻² − (2σ_b)⁻²)^(−1/2) so ε stays that of "
+                  "z; needs 2σ_b > z", lo=0.0, lo_open=True)
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Client-to-server compression (one step after aggregation.transforms, before privacy)."""
+
+    method: Literal["qsgd", "topk", "randk"] = field(
+        "qsgd", doc="qsgd: stochastic quantisation to 2^(bits-1) - 1 levels (unbiased); topk: "
+                    "the largest fraction of coordinates; randk: a random fraction (seeded)")
+    bits: int = field(8, doc="qsgd: bits per coordinate, sign included (2: ternary)", lo=2,
+                      hi=16)
+    fraction: float = field(0.01, doc="topk/randk: share of coordinates sent", lo=0.0, hi=1.0,
+                            lo_open=True)
+    error_feedback: bool = field(False, doc="keep what compression dropped as persistent "
+                                            "client state (state store) and add it to the "
+                                            "client's next update")
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """User-level differential privacy: DP-FedAvg (clip, Gaussian noise, fixed denominator)."""
+
+    noise_multiplier: float = field(1.0, doc="z: the noise on the sum of clipped updates has "
+                                             "standard deviation z·clip_norm", lo=0.0)
+    clip_norm: float = field(1.0, doc="S: every client's update Δ_i is scaled to ‖Δ_i‖ ≤ S",
+                             lo=0.0, lo_open=True)
+    delta: float = field(1e-5, doc="δ of the (ε, δ) guarantee; keep it below 1/clients",
+                         lo=0.0, hi=1.0, lo_open=True, hi_open=True)
+    sampling: Literal["fixed", "poisson"] = field(
+        "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
+                     "accountant, replace-one neighbours); poisson: each client with "
+                     "probability clients_per_round / clients")
+    accountant: Literal["rdp", "pld"] = field(
+        "rdp", doc="dp-accounting's RDP or PLD accountant (pld: poisson sampling only)")
+    target_epsilon: Optional[float] = field(
+        None, doc="stop after the last round whose ε stays within this (null: run every round)",
+        lo=0.0, lo_open=True)
+    adaptive_clip: Optional[AdaptiveClipConfig] = field(
+        None, doc="let clip_norm (its start) track a target quantile of the update norms "
+                  "(keys target_quantile, learning_rate, count_noise); dp_clip_norm per round")
+
+    def check(self, prefix: str) -> None:
+        if self.accountant == "pld" and self.sampling != "poisson":
+            raise ConfigError(f"{prefix}.accountant", self.accountant,
+                              "rdp with sampling: fixed (dp-accounting's PLD accountant models "
+                              "Poisson sampling only)")
