@@ -184,3 +184,34 @@ def test_rec_auc_equals_sklearns():
     m = rec_metrics(scores.ravel(), labels.ravel(), 100)
     assert m["auc"] == pytest.approx(roc_auc_score(labels.ravel(), scores.ravel()))
     assert 0 < m["ndcg@10"] < m["hr@10"] < 1
+
+
+def test_projection_head_makes_repr_the_projection_output_and_is_the_trained_head():
+    """model.projection: the classifier becomes Linear(d, d)–ReLU–Linear(d, p)–Linear(p, C);
+    ``repr`` is the projection's output (computed here by hand from the trunk), not a ReLU
+    output, and the head group is the output layer alone."""
+    import types
+
+    handle = types.SimpleNamespace(kind="dense", input_shape=(1, 28, 28), num_classes=10,
+                                   vocab=(), label_len=0)
+    cfg = config.load({"model": {"name": "fmnist_cnn", "projection": 16}})
+    torch.manual_seed(0)
+    module = build_for(cfg.model, handle)
+    flat = FlatModel(module)
+    x = torch.randn(5, 1, 28, 28)
+    logits, feats = flat.outputs(flat.w.detach().clone(), x, ("repr",))
+    trunk = module[:-1](x)
+    proj = module[-1]
+    expected = proj[2](torch.relu(proj[0](trunk)))
+    assert feats["repr"].shape == (5, 16)
+    torch.testing.assert_close(feats["repr"], expected)
+    torch.testing.assert_close(logits, proj[3](expected))
+    assert (feats["repr"] < 0).any()  # not a ReLU output: MOON's cosine is defined
+    head = flat.layout.params_in("head")
+    assert sorted(head) == ["11.3.bias", "11.3.weight"]
+    tokens = types.SimpleNamespace(**{**vars(handle), "kind": "tokens"})
+    with pytest.raises(ConfigError) as err:
+        build_for(config.load({"model": {"name": "shakespeare_lstm", "projection": 16}}).model,
+                  types.SimpleNamespace(**{**vars(tokens), "vocab": tuple(range(80)),
+                                           "input_shape": (80,), "num_classes": 80}))
+    assert err.value.key == "model.projection"

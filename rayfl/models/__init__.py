@@ -51,9 +51,34 @@ def build_for(model_cfg, handle):
         kwargs.update({f.name: getattr(model_cfg.params, f.name)
                        for f in dataclasses.fields(model_cfg.params)})
     try:
-        return builder(tuple(handle.input_shape), handle.num_classes, **kwargs)
+        model = builder(tuple(handle.input_shape), handle.num_classes, **kwargs)
     except (ValueError, TypeError, RuntimeError, IndexError) as e:
         raise ConfigError("model.name", name, _takes(handle, e)) from None
+    if model_cfg.projection is not None:
+        if handle.kind != "dense":
+            raise ConfigError("model.projection", model_cfg.projection,
+                              f"null for {handle.kind} inputs (the projection head sits before "
+                              "a dense model's classifier)")
+        add_projection_head(model, model_cfg.projection)
+    return model
+
+
+def add_projection_head(model, dim: int):
+    """Replace ``model``'s classifier (its last ``nn.Linear``, d → C) by MOON's projection head
+    and output layer: Linear(d, d), ReLU, Linear(d, ``dim``), then Linear(``dim``, C)."""
+    from torch import nn
+
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError("model.projection", dim, "null for a model without an nn.Linear "
+                                                   "classifier")
+    parent_name, _, attr = linears[-1].rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    head = getattr(parent, attr)
+    d, classes = head.in_features, head.out_features
+    setattr(parent, attr, nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, dim),
+                                        nn.Linear(dim, classes)))
+    return model
 
 
 def _takes(handle, error: Exception) -> str:

@@ -24,6 +24,11 @@ class ModelConfig(registry.Named):
     channels_last: bool = field(True, doc="convolution weights and activations in channels-last "
                                 "(NHWC) layout: faster convolutions on CPU and GPU, the same "
                                 "math (float rounding differs from false)")
+    projection: Optional[int] = field(
+        None, doc="MOON's projection head (Li, He & Song, CVPR 2021): the classifier (the last "
+                  "nn.Linear, d → C) becomes Linear(d, d)–ReLU–Linear(d, projection)–"
+                  "Linear(projection, C), so the representation `repr` is the projection's "
+                  "output; dense-input models only; null: the model as built", lo=1, hi=2**16)
     params: Any = field(None, doc="validated Params of the chosen model", flatten=True)
 
     def check(self, prefix: str) -> None:
