@@ -55,7 +55,7 @@ def test_references_name_every_kind_with_typed_params(tmp_path):
     ("data.dataset=imagenet", "data.dataset", "or a package.module:Name reference"),
     ("availability.model=sometimes", "availability.model", "always, bernoulli, diurnal, trace"),
     (f"model.name={MODEL}", "model.widht", "valid keys here: channels_last, embedding_dim, "
-                                           "groups, hidden, name, width"),
+                                           "groups, hidden, name, projection, width"),
 ])
 def test_a_wrong_component_key_names_key_value_and_expectation(override, key, says):
     extra = [f"algorithm.name={ALGO}"] if override.startswith("algorithm.pul") else []
