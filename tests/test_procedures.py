@@ -86,11 +86,38 @@ def test_moon_first_step_matches_an_independent_autograd_computation(tiny):
     assert not torch.allclose(got, start, atol=1e-4)
 
 
-def _first_full_batch_step(tiny, *opts):
-    """(x, y, start, end, classes) of the first kept client of a one-round, one-step,
-    full-batch run: its rows, the round's start and its local model after the step."""
-    result = _run(tiny, *opts, "local.steps=1", "local.batch_size=1000", "keep.rounds=[1]",
-                  "rounds=1")
+def test_moon_second_step_differentiates_at_the_local_model_not_the_global_one(tiny):
+    """Two full-batch steps of round 1: at the second, z_glob comes from w^t ≠ y, and the
+    gradient must still be taken at y (evaluating another model must not leave its weights in
+    the trained model's graph)."""
+    mu, tau, lr = 2.0, 0.5, 0.1
+    x, y, start, got, classes = _first_full_batch_step(
+        tiny, "algorithm.name=moon", f"algorithm.mu={mu}", f"algorithm.tau={tau}", steps=2)
+    net, glob = build_model("mlp", (x.shape[1],), classes), build_model("mlp", (x.shape[1],),
+                                                                        classes)
+    torch.nn.utils.vector_to_parameters(start, net.parameters())
+    torch.nn.utils.vector_to_parameters(start, glob.parameters())
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    for _ in range(2):
+        with torch.no_grad():
+            z_glob = glob[:-1](x).flatten(1)
+        z = net[:-1](x).flatten(1)
+        sims = torch.stack([F.cosine_similarity(z, z_glob), F.cosine_similarity(z, z_glob)],
+                           1) / tau
+        loss = F.cross_entropy(net[-1](z), y) + mu * F.cross_entropy(
+            sims, torch.zeros(len(z), dtype=torch.long))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    expected = torch.nn.utils.parameters_to_vector(net.parameters()).detach()
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def _first_full_batch_step(tiny, *opts, steps: int = 1):
+    """(x, y, start, end, classes) of the first kept client of a one-round, full-batch run of
+    ``steps`` local steps: its rows, the round's start and its local model after them."""
+    result = _run(tiny, *opts, f"local.steps={steps}", "local.batch_size=1000",
+                  "keep.rounds=[1]", "rounds=1")
     folder = os.path.join(result.run_dir, "models", "round-00001")
     client = int(sorted(f for f in os.listdir(folder) if f.startswith("client-"))[0][7:-4])
     cfg = load(os.path.join(result.run_dir, "config.yaml"))

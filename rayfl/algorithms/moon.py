@@ -8,13 +8,12 @@ Each local step on minibatch (x, y) minimises (paper eq. 3–4)
 with z, z_glob, z_prev the representations of x under the local model w, the round's global
 model w^t and the client's previous local model w_i^{t−1} (the global model on its first
 round), sim the cosine similarity. Here the representation is the classifier head's input
-(``repr``; the paper adds a projection head, a model choice). The previous local model is the
-client's persistent state; the server is FedAvg's. μ = 0 is FedAvg byte for byte.
+(``repr``); the paper's projection head is ``model.projection``. The previous local model is
+the client's persistent state; the server is FedAvg's. μ = 0 is FedAvg byte for byte.
 
-A representation after a ReLU can be all zero for some rows; the cosine similarity's gradient
-there is 1/ε = 1e8 (torch's ε, as in the authors' code), which can throw a run off in one
-step. ``local.clip_norm`` bounds the step, but on the Fashion-MNIST CNN MOON still fails
-(docs/howto/papers.md): give the model a projection head, as the paper does.
+A representation after a ReLU can be all zero for some rows, where the cosine similarity's
+gradient is 1/ε = 1e8 (torch's ε, as in the authors' code); the projection head's output has no
+ReLU.
 """
 
 from __future__ import annotations

@@ -123,12 +123,14 @@ class LocalContext:
     @torch.no_grad()
     def features(self, point: Vec, batch: np.ndarray, features: tuple[str, ...] = ()):
         """:meth:`outputs` of another model (the global one, the previous local one), without
-        gradients and leaving the trained model's buffers as they were."""
+        gradients, leaving the trained model's parameters and buffers as they were: a
+        :meth:`backward` of a loss built before this call still differentiates at its point."""
         model = self._model()
-        saved = model.get_buffers()
+        saved, loaded = model.get_buffers(), model.w.clone()
         try:
             return self.outputs(point, batch, features)
         finally:
+            model.load(loaded)
             model.set_buffers(saved)
 
     def get_buffers(self) -> torch.Tensor:
