@@ -348,3 +348,17 @@ def test_timeline_reads_time_to_target_and_staleness():
     assert time_to(rows, 0.7) == 30.0 and time_to(rows, 0.8) is None
     assert staleness_histogram(rows).tolist() == [6, 1, 2]
     assert "| a | 3 | 0.008 | 75.00 | 0.008 | — | 0.56 |" in table({"a": rows}, [0.7, 0.8])
+
+
+def test_timeline_plot_draws_the_staleness_panel_only_when_a_run_was_stale(tmp_path):
+    import matplotlib.image
+
+    from rayfl.metrics.timeline import plot
+
+    sync = [{"virtual_time_s": 10.0 * t, "test_accuracy": 0.1 * t} for t in range(1, 4)]
+    stale = [{**r, "staleness_hist": [1, 2]} for r in sync]
+    plot({"sync": sync}, str(tmp_path / "one.png"))
+    plot({"sync": sync, "fedbuff": stale}, str(tmp_path / "two.png"))
+    one = matplotlib.image.imread(str(tmp_path / "one.png"))
+    two = matplotlib.image.imread(str(tmp_path / "two.png"))
+    assert one.shape[1] == 7 * 120 and two.shape[1] == 11 * 120

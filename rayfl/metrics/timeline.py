@@ -59,10 +59,13 @@ def table(runs: dict[str, list[dict]], targets: list[float]) -> str:
 
 
 def plot(runs: dict[str, list[dict]], path: str) -> None:
-    """Accuracy against virtual hours (left) and the staleness histograms (right)."""
-    fig = Figure(figsize=(11, 4.2), dpi=120)
+    """Accuracy against virtual hours (left) and, when some run aggregated stale updates, the
+    staleness histograms (right)."""
+    hists = {n: staleness_histogram(rows) for n, rows in runs.items()}
+    hists = {n: h for n, h in hists.items() if h.sum()}
+    fig = Figure(figsize=(11, 4.2) if hists else (7, 4.2), dpi=120)
     FigureCanvasAgg(fig)
-    acc, tau = fig.subplots(1, 2, width_ratios=[3, 2])
+    acc, tau = fig.subplots(1, 2, width_ratios=[3, 2]) if hists else (fig.subplots(), None)
     for name, rows in runs.items():
         pts = [(r["virtual_time_s"] / 3600, 100 * r["test_accuracy"]) for r in rows
                if r.get("test_accuracy") is not None]
@@ -73,16 +76,14 @@ def plot(runs: dict[str, list[dict]], path: str) -> None:
     acc.set_title("Test accuracy on the virtual clock")
     acc.grid(alpha=0.3)
     acc.legend(fontsize=8)
-    hists = {n: staleness_histogram(rows) for n, rows in runs.items()}
-    hists = {n: h for n, h in hists.items() if h.sum()}
-    width = 0.8 / max(len(hists), 1)
-    for i, (name, h) in enumerate(hists.items()):
-        tau.bar(np.arange(len(h)) + i * width, h / h.sum(), width=width, label=name)
-    tau.set_xlabel("staleness τ (server updates)")
-    tau.set_ylabel("fraction of aggregated updates")
-    tau.set_title("Staleness of aggregated updates")
-    tau.grid(alpha=0.3)
-    if hists:
+    if tau is not None:
+        width = 0.8 / len(hists)
+        for i, (name, h) in enumerate(hists.items()):
+            tau.bar(np.arange(len(h)) + i * width, h / h.sum(), width=width, label=name)
+        tau.set_xlabel("staleness τ (server updates)")
+        tau.set_ylabel("fraction of aggregated updates")
+        tau.set_title("Staleness of aggregated updates")
+        tau.grid(alpha=0.3)
         tau.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
