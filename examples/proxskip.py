@@ -36,7 +36,7 @@ class ProxSkip(Algorithm):
     """Scaffnew: local steps corrected by h_i; h_i updated from the round's average."""
 
     paper_weighting = "uniform"
-    client_state_keys = ("h", "x_hat", "gamma_over_p")
+    client_state = {"h": "model", "x_hat": "model", "gamma_over_p": "scalar"}
 
     def client_begin(self, task):
         return Corrected(task.state["h"] if task.state else 0.0)

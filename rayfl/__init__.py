@@ -6,14 +6,15 @@ from rayfl.simulation import RunResult, resume, run
 
 # Bring your own component: ``@rayfl.register_algorithm`` (or ``register_algorithm(MyAlgo,
 # name="mine")``) makes ``algorithm.name: mine`` work; likewise models, datasets, availability
-# models and client selectors.
+# models, client selectors and server wrappers.
 register_algorithm = registrar("algorithm")
 register_model = registrar("model")
 register_dataset = registrar("dataset")
 register_availability = registrar("availability")
 register_selector = registrar("selector")
+register_wrapper = registrar("wrapper")
 
 __all__ = ["Config", "ConfigError", "RunResult", "load_config", "resume", "run",
            "register_algorithm", "register_model", "register_dataset", "register_availability",
-           "register_selector"]
+           "register_selector", "register_wrapper"]
 __version__ = "0.1.0"

@@ -136,10 +136,14 @@ def _print_summary(s: dict) -> None:
           f"wall {s['wall_time_s']:.1f} s | model_sha256 {s['model_sha256'][:16]}…")
 
 
+#: the component kinds besides algorithms whose own keys ``rayfl keys --KIND NAME`` lists
+COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper")
+
+
 def _cmd_keys(args) -> int:
     from rayfl.docs import HEADER, config_reference
 
-    others = {kind: getattr(args, kind) for kind in ("model", "dataset", "availability")
+    others = {kind: getattr(args, kind) for kind in COMPONENT_KINDS
               if getattr(args, kind)}
     if args.metrics:
         from rayfl.metrics.columns import markdown
@@ -167,12 +171,12 @@ def _cmd_algorithms(args) -> int:
 
 
 def algorithm_lines(registry) -> list[tuple[str, str]]:
-    """(name, one-line description) per algorithm, plus the ``ima`` wrapper.
+    """(name, one-line description) per algorithm, then per server wrapper.
 
     Algorithms sharing a module (FedAdam / FedYogi / FedAdagrad) get their class's own line
     after the module's first sentence, so no two lines read the same.
     """
-    from rayfl.algorithms import ima
+    from rayfl import registry as components
 
     out = []
     by_module: dict[str, int] = {}
@@ -185,8 +189,9 @@ def algorithm_lines(registry) -> list[tuple[str, str]]:
         if by_module[cls.__module__] > 1 and cls.__doc__:
             text = f"{cls.__name__}, server rule {' '.join(cls.__doc__.split())} From: {text}"
         out.append((name, text))
-    lead = " ".join(ima.__doc__.strip().split("\n\n")[0].split())
-    out.append(("ima", f"{lead} Enable with `ima: {{...}}` or NAME+ima in `rayfl compare`."))
+    for name in components.names("wrapper"):
+        out.append((name, f"(server wrapper) {components.summary('wrapper', name)} Enable with "
+                          f"`wrappers: [{name}]` or NAME+{name} in `rayfl compare`."))
     return out
 
 
@@ -253,7 +258,7 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--at", type=int, required=True,
                    help="the round (1-based) of a kept checkpoint (checkpoint.keep)")
     f.add_argument("overrides", nargs="*", help="dotted overrides from that round on, e.g. "
-                                                "ima.window=5 algorithm.server_lr=0.5")
+                                                "wrappers.ima.window=5 algorithm.server_lr=0.5")
     f.add_argument("--run-dir", dest="new_run_dir",
                    help="the new run's directory (default: <output_dir>/<name>-fork<N>-<time>)")
     f.add_argument("--quiet", action="store_true")
@@ -263,7 +268,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("config")
     c.add_argument("overrides", nargs="*")
     c.add_argument("--algorithms", required=True,
-                   help="comma-separated names, NAME+ima for IMA (e.g. fedavg,scaffold,fedavg+ima)")
+                   help="comma-separated names, NAME+WRAPPER for a server wrapper (e.g. "
+                        "fedavg,scaffold,fedavg+ima)")
     c.add_argument("--out", help="comparison directory")
     c.add_argument("--seeds", help="run every algorithm on each of these seeds (e.g. 0,1,2) and "
                                    "report mean ± std")
@@ -286,7 +292,7 @@ def parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keys", help="every config key with its default and meaning")
     k.add_argument("--algorithm", help="list only this algorithm's hyper-parameters (a name or "
                                        "package.module:Name)")
-    for kind in ("model", "dataset", "availability"):
+    for kind in COMPONENT_KINDS:
         k.add_argument(f"--{kind}", help=f"list this {kind}'s own parameters")
     k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
     k.add_argument("--metrics", metavar="PATH", help="write the metrics.parquet column "

@@ -1,8 +1,10 @@
 """``rayfl compare``: the same data, partition, sampling sequence and seed under several algorithms.
 
-Each entry of ``--algorithms`` is an algorithm name, optionally with ``+ima`` (IMA with the
-config's ``ima`` settings, or its defaults). Every run keeps the base config but its
-``algorithm`` section, which becomes ``{name: ...}`` with that algorithm's paper defaults; an
+Each entry of ``--algorithms`` is an algorithm name, optionally followed by server wrappers,
+``NAME+W1+W2`` (``fedavg+ima``: the wrappers innermost first, each with the base config's
+settings for it in ``wrappers``, or its defaults; an entry without wrappers runs none). Every
+run keeps the base config but its ``algorithm`` section, which becomes ``{name: ...}`` with
+that algorithm's paper defaults; an
 algorithm class may adjust its own run with a ``compare_variant(raw) -> raw`` classmethod (FedMIM
 runs plain SGD at the same effective step size, its inertial step replacing local momentum).
 ``aggregation.weighting`` stays the base's; at ``auto`` (the default) every algorithm gets its
@@ -34,9 +36,11 @@ from rayfl.schema import ConfigError
 
 def variant(base: dict, entry: str) -> dict:
     """The base config (plain dict) with its algorithm replaced by ``entry``."""
-    name, _, extra = entry.partition("+")
-    if extra not in ("", "ima"):
-        raise ConfigError("--algorithms", entry, "NAME or NAME+ima")
+    name, *wrappers = entry.split("+")
+    for w in wrappers:
+        if w not in registry.names("wrapper"):
+            raise ConfigError("--algorithms", entry, "NAME or NAME+WRAPPER with a wrapper of "
+                                                     + ", ".join(registry.names("wrapper")))
     raw = dict(base)
     raw["algorithm"] = {"name": name}
     weighting = base.get("aggregation", {}).get("weighting", "auto")
@@ -46,10 +50,8 @@ def variant(base: dict, entry: str) -> dict:
     adjust = getattr(registry.resolve("algorithm", name), "compare_variant", None)
     if adjust is not None:
         raw = adjust(raw)
-    if extra == "ima":
-        raw["ima"] = base.get("ima") or {}
-    else:
-        raw.pop("ima", None)
+    configured = {e["name"]: e for e in base.get("wrappers") or []}
+    raw["wrappers"] = [configured.get(w, {"name": w}) for w in wrappers]
     raw["name"] = f"{base.get('name', 'run')}-{entry}"
     return raw
 

@@ -7,7 +7,6 @@ Every key with its default and meaning is listed by ``rayfl keys`` and in ``conf
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any, Optional
 import yaml
 
 from rayfl import registry, schema, yamlio
-from rayfl.algorithms.config import AlgorithmConfig, IMAConfig, ServerOptConfig
+from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.data.config import DataConfig
 from rayfl.metrics.config import EvalConfig, LoggersConfig
@@ -26,6 +25,8 @@ from rayfl.schema import ConfigError, field
 from rayfl.selection.config import SelectionConfig
 from rayfl.transforms.config import AggregationConfig, CompressionConfig, PrivacyConfig
 
+#: config keys holding a list of ``{name: ..., <keys>}`` entries (a dotted key names an entry)
+ENTRY_LISTS = ("wrappers", "aggregation.transforms")
 MAX_ROUNDS = 10**6  # rounds (server updates): more is a typo, not an experiment
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
 
@@ -81,7 +82,10 @@ class Config:
     data: DataConfig = field(factory=DataConfig)
     model: ModelConfig = field(factory=ModelConfig)
     algorithm: AlgorithmConfig = field(factory=AlgorithmConfig)
-    ima: Optional[IMAConfig] = field(None, doc="enable IMA (seed 004) with these settings")
+    wrappers: list[WrapperConfig] = field(
+        factory=list, doc="server wrappers around the algorithm, innermost first, e.g. "
+                          "[{name: ima, window: 5}] (see `rayfl keys`: ima, or "
+                          "package.module:Name); one entry's key: wrappers.ima.window=5")
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
@@ -105,14 +109,6 @@ class Config:
             raise ConfigError("name", self.name, "1 to 100 letters, digits, '.', '_', '+' or "
                               "'-', not starting with '.' (it names a directory inside "
                               "output_dir)")
-        if self.ima is not None:
-            start = self.ima.start  # as rayfl.algorithms.ima reads it
-            t_s = math.floor(start * self.rounds + 1e-9) if start < 1 else math.floor(
-                start + 1e-9)
-            if t_s >= self.rounds:
-                raise ConfigError("ima.start", self.ima.start,
-                                  f"a fraction < 1 or a round index < rounds = {self.rounds} "
-                                  f"(it starts IMA at round {t_s}, after the last round)")
         check_memory(self)
         trainable = self.data.num_clients - self.data.validation_clients
         if self.clients_per_round > trainable:
@@ -143,6 +139,9 @@ def from_dict(raw: dict) -> Config:
     for section in ("algorithm", "selection"):  # `algorithm: scaffold` is `{name: scaffold}`
         if isinstance(raw.get(section), str):
             raw = {**raw, section: {"name": raw[section]}}
+    if isinstance(raw.get("wrappers"), list):  # `wrappers: [ima]` is `[{name: ima}]`
+        raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
+                                   for e in raw["wrappers"]]}
     cfg = schema.build(Config, raw)
     cls = cfg.algorithm.component()
     check_weighting(cls, cfg)
@@ -154,6 +153,9 @@ def from_dict(raw: dict) -> Config:
     from rayfl.transforms import check_run
 
     check_run(cfg)
+    from rayfl.algorithms import wrapper
+
+    wrapper.check_run(cfg)
     check_asynchronous(cls, cfg)
     return cfg
 
@@ -272,23 +274,58 @@ def _parse_value(key: str, text: str) -> Any:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b.c=value`` strings (values parsed as YAML) to a plain config dict."""
+    """Apply ``a.b.c=value`` strings (values parsed as YAML) to a plain config dict; inside a
+    list of named entries a part names the entry (``wrappers.ima.window=3``)."""
     raw = _deep_copy(raw)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(item, None, "an override of the form key=value (e.g. rounds=3)")
         key, text = item.split("=", 1)
-        node = raw
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(key, text, f"'{part}' to be a section, not {child!r}")
-            node = child
-        node[parts[-1]] = _parse_value(key, text)
+        set_key(raw, key.strip(), _parse_value(key, text), text)
     return raw
+
+
+def set_key(raw: dict, key: str, value: Any, text: Any = None) -> None:
+    """Set a dotted key in a plain config dict, creating sections (and named list entries)."""
+    node: Any = raw
+    parts = key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        node = _child(node, part, ".".join(parts[:depth + 1]), key, text)
+    if isinstance(node, list):
+        raise ConfigError(key, text, f"a key inside the entry (e.g. {key}.KEY=VALUE) or the "
+                                     f"whole list ({'.'.join(parts[:-1])}=[...])")
+    node[parts[-1]] = value
+
+
+def get_key(raw: dict, key: str) -> Any:
+    """The value at a dotted key of a plain config dict (None when absent)."""
+    node: Any = raw
+    for part in key.split("."):
+        if isinstance(node, list):
+            node = next((e for e in node if isinstance(e, dict) and e.get("name") == part), None)
+        elif isinstance(node, dict):
+            node = node.get(part)
+        else:
+            return None
+    return node
+
+
+def _child(node: Any, part: str, path: str, key: str, text: Any) -> Any:
+    """The section (or named list entry) ``part`` of ``node``, created when absent."""
+    if isinstance(node, list):  # a list of {name: ..., <keys>} entries: the one named part
+        for i, entry in enumerate(node):
+            if entry == part:  # the short form `[ima]`
+                node[i] = {"name": part}
+            if isinstance(node[i], dict) and node[i].get("name") == part:
+                return node[i]
+        node.append({"name": part})
+        return node[-1]
+    child = node.get(part)
+    if child is None:
+        child = node[part] = [] if path in ENTRY_LISTS else {}
+    if not isinstance(child, (dict, list)):
+        raise ConfigError(key, text, f"'{part}' to be a section, not {child!r}")
+    return child
 
 
 def _deep_copy(d: Any) -> Any:

@@ -46,7 +46,7 @@ PROBES = [("sgd", {}), ("sgd + momentum", {"local": {"momentum": 0.9}}),
           ("clip_norm", {"local": {"clip_norm": 1.0}}), ("adam", {"local": {"optimizer": "adam"}}),
           ("samples", {"aggregation": {"weighting": "samples"}}),
           ("uniform", {"aggregation": {"weighting": "uniform"}}),
-          ("degree", {"aggregation": {"weighting": "degree"}}), ("ima", {"ima": {}}),
+          ("degree", {"aggregation": {"weighting": "degree"}}), ("ima", {"wrappers": [{"name": "ima"}]}),
           ("fedbuff/fedasync", {"aggregation": {"mode": "fedbuff"}})]
 
 COMBINATIONS_INTRO = """## Option combinations
@@ -93,7 +93,8 @@ def combinations() -> str:
 def component_reference(kind: str, name: str) -> str:
     """The parameters one component adds to its section (a line saying so when it has none)."""
     obj = registry.resolve(kind, name)
-    section = registry.KEYS[kind].split(".")[0]
+    key = registry.KEYS[kind]  # a list's entries (wrappers[].name) are addressed by name
+    section = f"{key.split('[]')[0]}.{name}" if "[]" in key else key.split(".")[0]
     params = registry.params_class(obj)
     head = [f"## `{registry.KEYS[kind]}: {name}`", "", registry.summary(kind, name), ""]
     if params is None:
@@ -168,7 +169,7 @@ def config_reference(algorithm: str | None = None, others: dict[str, str] | None
     parts = ["## Run config keys", "", _table(describe_fields(Config)), ""]
     if algorithm is None and not others:
         parts += optional_sections() + transform_reference()
-        for kind in ("model", "dataset", "availability", "selector"):
+        for kind in ("model", "dataset", "availability", "selector", "wrapper"):
             parts += _components(kind)
     for name in [algorithm] if algorithm else ([] if others else registry.names("algorithm")):
         parts.append(component_reference("algorithm", name))

@@ -1,7 +1,8 @@
 """Components by name: built-ins, ``package.module:Name`` references and objects registered in Python.
 
-Five kinds of component are named in a config: ``algorithm.name``, ``model.name``,
-``data.dataset``, ``availability.model`` and ``selection.name``. Each accepts a built-in name (the tables below:
+Six kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+``data.dataset``, ``availability.model``, ``selection.name`` and each ``wrappers`` entry's
+``name``. Each accepts a built-in name (the tables below:
 adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
@@ -29,7 +30,8 @@ from rayfl.suggest import no_such_key
 
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
-        "availability": "availability.model", "selector": "selection.name"}
+        "availability": "availability.model", "selector": "selection.name",
+        "wrapper": "wrappers[].name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -103,6 +105,9 @@ BUILTINS: dict[str, dict[str, str]] = {
         "uniform": "rayfl.selection.uniform:Uniform",
         "power_of_choice": "rayfl.selection.power_of_choice:PowerOfChoice",
         "oort": "rayfl.selection.oort:Oort",
+    },
+    "wrapper": {
+        "ima": "rayfl.algorithms.ima:IMA",
     },
 }
 
@@ -245,10 +250,16 @@ class Named:
         data = dict(data or {})
         fields = {f.name: f for f in dataclasses.fields(cls)}
         own = {n for n, f in fields.items() if not f.metadata.get("flatten")}
+        key = f"{prefix}.{cls.NAME_FIELD}"
         name = data.get(cls.NAME_FIELD, fields[cls.NAME_FIELD].default)
+        if name is dataclasses.MISSING:
+            raise ConfigError(key, None, f"{expected(cls.KIND)}; this key is required")
         if not isinstance(name, str):
-            raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name, expected(cls.KIND))
-        component = resolve(cls.KIND, name)
+            raise ConfigError(key, name, expected(cls.KIND))
+        try:
+            component = resolve(cls.KIND, name)
+        except ConfigError as e:  # the entry's own key (wrappers[2].name), not the kind's
+            raise ConfigError(key, name, e.expected) from None
         params_cls = params_class(component)
         theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
         if own & theirs:

@@ -25,6 +25,11 @@ class ConfigError(ValueError):
                          f"{' '.join(str(expected).split())}")
 
 
+
+@dataclasses.dataclass(frozen=True)
+class NoParams:
+    """The settings of a component that has none."""
+
 def _short(value: Any, limit: int = 200) -> str:
     """``repr`` on one line, cut to ``limit`` characters (a 3000-deep list stays readable)."""
     try:
@@ -58,7 +63,10 @@ def _describe(tp: Any) -> str:
     if origin is dict:
         return "a mapping"
     if dataclasses.is_dataclass(tp):
-        return f"a mapping with keys {', '.join(f.name for f in dataclasses.fields(tp))}"
+        fields = dataclasses.fields(tp)
+        own = [f.name for f in fields if not f.metadata.get("flatten")]
+        theirs = ", and the named component's keys" if len(own) < len(fields) else ""
+        return f"a mapping with keys {', '.join(own)}{theirs}"
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
         tp, str(tp))
 

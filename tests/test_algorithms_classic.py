@@ -240,7 +240,7 @@ def test_fedopt_defaults_and_reset(name):
     state = algo.server_init(X0)
     state, _ = algo.server_update(state, agg_of([torch.ones(D, dtype=F64)], [1.0]), 0)
     assert torch.allclose(algo.server_init(X0)["v"], torch.full((D,), 1e-6, dtype=F64))  # τ²
-    reset = algo.reset_server_opt(state)  # the IMA authors' reset: m = v = 0
+    reset = {**state, **algo.server_opt.restart(state["x"])}  # the IMA authors' reset: m = v = 0
     assert torch.equal(reset["x"], state["x"])
     assert torch.all(reset["m"] == 0) and torch.all(reset["v"] == 0)
 
@@ -396,7 +396,7 @@ def test_dtype_preserved_with_partial_participation(name, dtype):
     assert state["x"].dtype == dtype and torch.isfinite(state["x"]).all()
     assert algo.deployed(state).dtype == dtype
     for cs in cstates.values():
-        assert set(cs) == set(algo.client_state_keys)
+        assert set(cs) == set(algo.client_state)
         assert all(v.dtype == dtype for v in cs.values())
 
 
@@ -427,3 +427,33 @@ def test_config_validation_names_the_key(name, key, value):
     with pytest.raises(ConfigError) as err:
         schema.build(registry.get(name).Params, {key: value}, "algorithm")
     assert err.value.key == f"algorithm.{key}"
+
+
+# ----- typed client state ------------------------------------------------------------------------
+class _Remembers(registry.get("fedavg")):
+    """FedAvg whose clients keep what ``returned`` gives them (to test the declaration)."""
+
+    client_state = {"y": "model", "steps": "scalar"}
+    returned = staticmethod(lambda y, steps: {"y": y.clone(), "steps": y.new_tensor(steps)})
+
+    def client_end(self, task, y, steps):
+        from rayfl.algorithms.base import ClientResult
+
+        return ClientResult({}, self.returned(y, steps))
+
+
+@pytest.mark.parametrize("returned, message", [
+    (lambda y, steps: {"y": y.clone(), "count": steps}, r"'count' is not declared"),
+    (lambda y, steps: {"y": y[:2].clone()}, r"'y' is declared 'model' but is a tensor of "
+                                            r"shape \(2,\), not a vector of 5"),
+    (lambda y, steps: {"y": y.clone(), "steps": y.clone()}, r"'steps' is declared 'scalar'"),
+])
+def test_a_client_state_off_its_declaration_stops_the_run_naming_the_entry(returned, message):
+    algo = _Remembers()
+    algo.returned = returned
+    clients = [quadratic_client(A[i], B[i]) for i in range(N)]
+    with pytest.raises(TypeError, match=message):
+        simulate(algo, torch.zeros(D, dtype=F64), clients, LocalSpec(steps=2), 1, ETA)
+    ok = _Remembers()  # as declared: stored and handed back
+    _, _, cstates = simulate(ok, torch.zeros(D, dtype=F64), clients, LocalSpec(steps=2), 2, ETA)
+    assert all(set(cs) == {"y", "steps"} for cs in cstates.values())

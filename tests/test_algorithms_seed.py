@@ -20,8 +20,7 @@ from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.fedmim import FedMIM, FedMIMParams
 from rayfl.algorithms.fedmsi import FedMSI, FedMSIParams, csr_to_dense, dense_graph, orient
 from rayfl.algorithms.fedopt import FedAdam
-from rayfl.algorithms.ima import IMA, start_round, wrap_ima
-from rayfl.algorithms.config import IMAConfig
+from rayfl.algorithms.ima import IMA, IMAParams, start_round
 from rayfl.runtime.inprocess import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
@@ -298,6 +297,11 @@ def test_orient_handles_zero_sum_rows():
 
 
 # ----- IMA -------------------------------------------------------------------------------------
+def ima(inner, rounds=1, **params):
+    """IMA around ``inner`` with these keys (``start`` ≥ 1: the round index t_s)."""
+    return IMA(inner, IMAParams(**params), rounds=rounds)
+
+
 def ima_lr(t, lr0, decay, t_s, after):
     return lr0 * decay**t if t < t_s else lr0 * decay**t_s * after ** (t - t_s)
 
@@ -315,7 +319,7 @@ def test_ima_sends_mean_of_last_window_inner_models():
                             state={"x": x}, sample=sample, start_round=t)
         outs.append(st["x"])
         x = torch.stack(outs[-P:]).mean(0) if t >= t_s else st["x"]
-    algo = IMA(FedAvg(), window=P, start=t_s, decay_after=after)
+    algo = ima(FedAvg(), window=P, start=t_s, decay_after=after)
     state, sent = algo.server_init(x0()), []
     for t in range(rounds):
         sent.append(algo.broadcast(state, t)["x"].clone())
@@ -336,7 +340,7 @@ def test_ima_sends_mean_of_last_window_inner_models():
     (200, 150, 2.215e-3, 4.978e-4, 1.353e-3),
 ])
 def test_ima_lr_schedule_matches_spec_table(rounds, t_s, at_ts, last_ima, last_plain):
-    algo = wrap_ima(FedAvg(), IMAConfig(start=0.75, decay_after=0.97), rounds)
+    algo = ima(FedAvg(), rounds, start=0.75, decay_after=0.97)
     assert algo.t_s == t_s
     assert algo.local_lr(t_s, 0.01, 0.99) == pytest.approx(at_ts, rel=5e-4)
     assert algo.local_lr(rounds - 1, 0.01, 0.99) == pytest.approx(last_ima, rel=5e-4)
@@ -344,11 +348,9 @@ def test_ima_lr_schedule_matches_spec_table(rounds, t_s, at_ts, last_ima, last_p
     assert algo.local_lr(t_s - 1, 0.01, 0.99) == FedAvg().local_lr(t_s - 1, 0.01, 0.99)
 
 
-def test_ima_start_round_and_wrap():
+def test_ima_start_round():
     assert start_round(0.75, 400) == 300 and start_round(150.0, 400) == 150
     assert start_round(0.7, 100) == 70 and start_round(0.0, 10) == 0
-    inner = FedAvg()
-    assert wrap_ima(inner, None, 10) is inner
 
 
 class _Recorder(FedAvg):
@@ -356,12 +358,12 @@ class _Recorder(FedAvg):
 
     def __init__(self):
         super().__init__()
-        self.server_opt = dataclasses.replace(self.server_opt, adaptive=True)
         self.resets = []
+        self.server_opt = dataclasses.replace(self.server_opt, adaptive=True, reset=self._reset)
 
-    def reset_server_opt(self, state):
+    def _reset(self, x):
         self.resets.append(True)
-        return dict(state)
+        return {}
 
 
 def _run(algo, rounds=7, n=5):
@@ -376,17 +378,17 @@ def _run(algo, rounds=7, n=5):
 
 def test_ima_resets_inner_moments_once_at_start_and_only_when_asked():
     inner = _Recorder()
-    _run(IMA(inner, window=2, start=3))
+    _run(ima(inner, window=2, start=3))
     assert len(inner.resets) == 1
     inner = _Recorder()
-    _run(IMA(inner, window=2, start=3, reset_server_moments=False))
+    _run(ima(inner, window=2, start=3, reset_server_moments=False))
     assert inner.resets == []
 
 
 def test_ima_target_mode_equals_output_mode_for_unit_server_step():
     """Averaging the pseudo-targets then stepping with η_g = 1 lands on the same mean."""
-    _, sent_out = _run(IMA(FedAvg(), window=3, start=2))
-    target = IMA(_Recorder(), window=3, start=2)
+    _, sent_out = _run(ima(FedAvg(), window=3, start=2))
+    target = ima(_Recorder(), window=3, start=2)
     assert target.average == "target"
     _, sent_tgt = _run(target)
     for a, b in zip(sent_out, sent_tgt):
@@ -396,21 +398,21 @@ def test_ima_target_mode_equals_output_mode_for_unit_server_step():
 def test_ima_fedadam_moments_restart_on_mean_target():
     """At t_s the moments restart from zero and Adam is fed u = mean(targets) − x_t."""
     t_s = 3
-    algo = IMA(FedAdam(), window=2, start=t_s)
+    algo = ima(FedAdam(), window=2, start=t_s)
     state, sent = _run(algo, rounds=t_s + 1)
     u = state["ima_buf"].mean(0) - sent[t_s]  # −Δ̄' with Δ̄' = x_t − mean(targets)
     assert torch.allclose(state["m"], (1 - algo.p.beta1) * u, rtol=1e-12, atol=1e-15)
-    no_reset = IMA(FedAdam(), window=2, start=t_s, reset_server_moments=False)
+    no_reset = ima(FedAdam(), window=2, start=t_s, reset_server_moments=False)
     state2, _ = _run(no_reset, rounds=t_s + 1)
     assert not torch.allclose(state2["m"], (1 - algo.p.beta1) * u)
 
 
 def test_ima_delegates_hooks_to_inner():
-    algo = IMA(msi(4), window=2, start=1)
+    algo = ima(msi(4), window=2, start=1)
     assert has(algo, "client_setup") and has(algo, "receive_client_models")
-    assert algo.name == "fedmsi" and not has(IMA(FedAvg()), "client_setup")
+    assert algo.name == "fedmsi" and not has(ima(FedAvg()), "client_setup")
     state = setup_msi(algo, HAND_INPUTS, torch.zeros(3, dtype=DT))
     assert "msi_A" in state and "ima_buf" in state
-    wrapped = IMA(mim([0.5], [0.5], "participation"), window=2, start=1)
-    assert wrapped.client_state_keys == ("mim_x", "mim_t")
-    assert wrapped.client_begin == wrapped.inner.client_begin  # the inner's, not a copy
+    wrapped = ima(mim([0.5], [0.5], "participation"), window=2, start=1)
+    assert wrapped.client_state == {"mim_x": "model", "mim_t": "scalar"}
+    assert algo.client_setup == algo.inner.client_setup  # the inner's capability itself

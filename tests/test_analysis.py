@@ -132,8 +132,8 @@ def test_missing_kept_models_say_which_keep_setting_to_add(tmp_path):
     run = _fake_run(tmp_path / "one", {4: ["global", "client-1", "client-2"]})
     with pytest.raises(ConfigError, match=r"'keep.last' = 0.*keep.last=3"):
         presets.planes(run, "globals")
-    with pytest.raises(ConfigError, match=r"'ima'.*ima.window"):
-        presets.interpolation(run, "ima")
+    with pytest.raises(ConfigError, match=r"'wrappers'.*wrappers=\[ima\]"):
+        presets.interpolation(run, "wrapper")
     with pytest.raises(ConfigError, match=r"'--clients'.*\[1, 2\]"):
         presets.planes(run, "clients")
     with pytest.raises(ConfigError, match=r"'--round' = 7.*keep.rounds"):

@@ -23,7 +23,7 @@ def kept(ray_local, tmp_path_factory):
     """A tiny FedAvg+IMA run keeping rounds 1, 3 and the last three of six (rounds count from 1)."""
     tmp = tmp_path_factory.mktemp("kept")
     rayfl.run(TINY, [f"data.cache_dir={tmp / 'cache'}", "rounds=6", "keep.rounds=[1,3]",
-                     "keep.last=3", "ima.window=3", "ima.start=3"],
+                     "keep.last=3", "wrappers.ima.window=3", "wrappers.ima.start=3"],
               run_dir=str(tmp / "run"), quiet=True)
     return RunDir(str(tmp / "run"))
 
@@ -53,13 +53,13 @@ def test_plane_points_evaluate_to_the_models_own_loss(kept):
     avg = next(q for q in res.points if q["kind"] == "average")
     mean = np.mean([w.astype(np.float64) for _, w in models], axis=0)
     assert avg["loss"] == pytest.approx(_own_losses(kept, data, [mean])[0, 0], rel=1e-5)
-    assert res.loss.shape == (5, 5) and marks[0][0].startswith("FMA")
+    assert res.loss.shape == (5, 5) and marks[0][0].startswith("ima_inner")
 
 
 def test_interpolation_endpoints_are_the_models(kept):
     data = select_data(kept.handle, "clients:0,1", max_samples=20)
     tag, w1, w2 = presets.interpolation(kept, "auto")
-    assert tag == "ima" and w1[0] == "IMA r6"  # the last kept round, 1-based
+    assert tag == "wrapper" and w1[0] == "fedavg+ima r6"  # the last kept round, 1-based
     line = landscape.interpolate(kept.cfg, kept.handle, w1, w2, landscape.betas(-0.5, 1.5, 4),
                                  data)
     s = line.summary()

@@ -308,7 +308,7 @@ def test_pause_and_resume_give_the_same_bytes(tiny, mode, more):
     (["algorithm.name=fednova"], "aggregation.mode"),
     (["algorithm.name=feddyn"], "aggregation.mode"),
     (["algorithm.name=fedeve"], "aggregation.mode"),
-    (["ima.window=3"], "ima"),
+    (["wrappers.ima.window=3"], "wrappers[0].name"),
     (["privacy.noise_multiplier=1.0", "aggregation.weighting=uniform"], "privacy"),
     (["availability.deadline_s=5"], "availability.deadline_s"),
     (["availability.stragglers=0.5"], "availability.stragglers"),

@@ -76,7 +76,7 @@ def test_hash_covers_the_buffers(tiny):
 
 @pytest.mark.parametrize("override, names", [
     (["privacy.noise_multiplier=0.5", "aggregation.weighting=uniform"], "privacy"),
-    (["ima.window=2"], "IMA"),
+    (["wrappers.ima.window=2"], "wrapper ima"),
     (["aggregation.mode=fedbuff"], "fedbuff"),
 ])
 def test_combinations_that_cannot_carry_buffers_are_refused(tiny, tmp_path, override, names):

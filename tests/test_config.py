@@ -50,16 +50,16 @@ def test_missing_config_file_and_missing_dataset_dir(tmp_path, capsys):
 
 def test_overrides_are_typed_and_round_trip():
     cfg = config.load(TINY, ["rounds=3", "seed=7", "runtime.num_actors=1", "local.lr=0.5",
-                             "ima.window=3"])
+                             "wrappers.ima.window=3"])
     assert (cfg.rounds, cfg.seed, cfg.runtime.num_actors, cfg.local.lr) == (3, 7, 1, 0.5)
-    assert cfg.ima.window == 3
+    assert [(w.name, w.params.window) for w in cfg.wrappers] == [("ima", 3)]
     assert config.from_dict(config.to_dict(cfg)) == cfg
 
 
 def test_error_inside_an_optional_section_names_the_nested_key():
     with pytest.raises(ConfigError) as err:
-        config.load(TINY, ["ima.window=0"])
-    assert err.value.key == "ima.window" and "[1, inf]" in str(err.value)
+        config.load(TINY, ["wrappers.ima.window=0"])
+    assert err.value.key == "wrappers[0].window" and "[1, inf]" in str(err.value)
 
 
 def test_config_readme_is_the_generated_reference():

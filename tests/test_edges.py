@@ -18,7 +18,7 @@ from rayfl import config
 from rayfl.algorithms import build, registry
 from rayfl.algorithms.base import ClientTask, has
 from rayfl.algorithms.fedmsi import dense_graph, orient
-from rayfl.algorithms.ima import IMA
+from rayfl.algorithms.ima import IMA, IMAParams
 from rayfl.cli import main
 from rayfl.compare import variant
 from rayfl.runtime.inprocess import quadratic_client, simulate
@@ -263,8 +263,8 @@ def test_compare_gives_fedmsi_its_papers_weighting(base_weighting, entry, expect
 @pytest.mark.parametrize("name", ["adabest", "fedeve", "fedmim"])
 def test_ima_refused_around_algorithms_it_cannot_wrap(name):
     with pytest.raises(ConfigError) as err:
-        config.load(TINY, [f"algorithm.name={name}", "ima.window=3"])
-    assert err.value.key == "ima" and name in err.value.expected
+        config.load(TINY, [f"algorithm.name={name}", "wrappers.ima.window=3"])
+    assert err.value.key == "wrappers[0].name" and name in err.value.expected
 
 
 N_CLIENTS, QD = 5, 6
@@ -311,10 +311,10 @@ def _lr(t):
 def test_ima_replaces_the_inners_model_by_the_mean_of_its_last_outputs(name):
     """By hand: the inner algorithm alone, its x replaced by the mean of its last P outputs from
     t_s on (the rest of its server and client state untouched), clients from that mean."""
-    config.load(TINY, [f"algorithm.name={name}", "ima.window=3"])  # accepted by the config
+    config.load(TINY, [f"algorithm.name={name}", "wrappers.ima.window=3"])  # accepted
     inner, ref_cs, outs = _inner(name), {}, []
     ref = _init(inner)
-    algo = IMA(_inner(name), window=P, start=T_S, decay_after=AFTER)
+    algo = IMA(_inner(name), IMAParams(window=P, start=T_S, decay_after=AFTER))
     state, cs = _init(algo), {}
     for t in range(ROUNDS):
         assert torch.allclose(algo.broadcast(state, t)["x"], inner.broadcast(ref, t)["x"],
@@ -349,7 +349,7 @@ def _server_step(name, p, x, u, m, v):
 def test_ima_around_fedopt_averages_targets_and_restarts_moments_at_zero(name):
     """The authors' code: the window holds the client averages (FedAvg's output from x_t); from
     t_s the server optimiser steps toward their mean with m = v = 0 at t_s (not v = τ²)."""
-    algo = IMA(_inner(name), window=P, start=T_S, decay_after=AFTER)
+    algo = IMA(_inner(name), IMAParams(window=P, start=T_S, decay_after=AFTER))
     p = algo.inner.p
     state, cs = _init(algo), {}
     x, m, v = QX0.clone(), torch.zeros(QD, dtype=F64), torch.full((QD,), p.tau**2, dtype=F64)
@@ -371,7 +371,7 @@ def test_ima_around_adabest_or_fedeve_would_not_deploy_or_send_the_mean():
     from the averaged x moved by −η_g M."""
     for name, probe in [("adabest", lambda a, s: a.deployed(s)),
                         ("fedeve", lambda a, s: a.broadcast(s, ROUNDS)["x"])]:
-        algo = IMA(_inner(name), window=P, start=T_S)
+        algo = IMA(_inner(name), IMAParams(window=P, start=T_S))
         state, cs = _init(algo), {}
         for t in range(ROUNDS):
             state = _round(algo, state, cs, t, LR0)
@@ -384,7 +384,7 @@ def test_fedopt_starts_at_v_init_and_resets_to_zero(name):
     algo = registry.get(name)()
     state = algo.server_init(QX0)
     assert torch.all(state["v"] == algo.p.tau**2) and torch.all(state["m"] == 0)
-    reset = algo.reset_server_opt({**state, "v": state["v"] + 1.0, "m": state["m"] + 1.0})
+    reset = {**state, **algo.server_opt.restart(state["x"])}
     assert torch.all(reset["v"] == 0) and torch.all(reset["m"] == 0)
     assert torch.equal(reset["x"], state["x"])
 

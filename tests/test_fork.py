@@ -76,7 +76,7 @@ def test_an_ima_fork_equals_the_ima_run_from_scratch(tiny, tmp_path):
     run forked at round 3 into IMA must give the IMA run's bytes; at round 4 IMA's window would
     need an output the FedAvg checkpoint does not hold, which is refused before anything is
     created."""
-    ima = ["ima.start=4", "ima.window=2"]
+    ima = ["wrappers.ima.start=4", "wrappers.ima.window=2"]
     src = _source(tiny, "checkpoint.keep=[3, 4]")
     scratch = _source(tiny, *ima, name="ima")
     out = fork(src.run_dir, 3, ima, run_dir=str(tmp_path / "f"), quiet=True)
@@ -89,7 +89,7 @@ def test_an_ima_fork_equals_the_ima_run_from_scratch(tiny, tmp_path):
 
 
 def test_an_ima_run_forked_with_its_own_settings_keeps_its_window(tiny, tmp_path):
-    ima = ["ima.start=2", "ima.window=3"]
+    ima = ["wrappers.ima.start=2", "wrappers.ima.window=3"]
     src = _source(tiny, *ima)
     out = fork(src.run_dir, 4, run_dir=str(tmp_path / "f"), quiet=True)
     assert out.summary["model_sha256"] == src.summary["model_sha256"]

@@ -59,13 +59,14 @@ def test_version_names_the_packages(capsys):
     assert ray.__version__ in out
 
 
-def test_algorithms_have_distinct_lines_and_list_ima(capsys):
+def test_algorithms_have_distinct_lines_and_list_the_wrappers(capsys):
+    from rayfl import registry as components
     from rayfl.algorithms import registry
 
     assert cli.main(["algorithms"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     names = [line.split()[0] for line in lines]
-    assert names == [*registry.names(), "ima"]
+    assert names == [*registry.names(), *components.names("wrapper")] and "ima" in names
     texts = [line.split(None, 1)[1] for line in lines]
     assert len(set(texts)) == len(texts)
 

@@ -116,7 +116,7 @@ def _nan_free(v):
 RUNS = [[f"algorithm={name}"] for name in (
     "fedavg", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold", "feddyn",
     "adabest", "fednova", "fedeve", "fedmim", "fedmsi")] + [
-    ["ima.start=1", "ima.window=2"],
+    ["wrappers.ima.start=1", "wrappers.ima.window=2"],
     ["privacy.noise_multiplier=0.5", "privacy.clip_norm=1.0", "aggregation.weighting=uniform"],
     ["data.validation_clients=4", "availability.model=bernoulli", "availability.dropout=0.3",
      "availability.deadline_s=0.5", "availability.deadline_policy=partial"],

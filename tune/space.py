@@ -19,8 +19,6 @@ from rayfl.schema import ConfigError, field
 
 # presets for any algorithm: name -> (None, {dotted key: parameter spec})
 GENERIC: dict[str, tuple[Optional[str], dict[str, dict]]] = {
-    "ima": (None, {"ima.window": {"type": "int", "low": 1, "high": 10},
-                   "ima.start": {"low": 0.5, "high": 0.95}}),
     "local_lr": (None, {"local.lr": {"low": 1e-3, "high": 0.5, "log": True}}),
     "server_lr": (None, {"algorithm.server_lr": {"low": 0.1, "high": 3.0, "log": True}}),
 }
@@ -32,11 +30,18 @@ def algorithm_preset(name: str) -> tuple[str, dict[str, dict]] | None:
     return None if search_space is None else (name, search_space())
 
 
+def wrapper_preset(name: str) -> tuple[None, dict[str, dict]] | None:
+    """The preset a server wrapper declares (``search_space()``), for any algorithm."""
+    search_space = getattr(registry.resolve("wrapper", name), "search_space", None)
+    return None if search_space is None else (None, search_space())
+
+
 # name -> (algorithm it belongs to, or None for any; {dotted key: parameter spec}); a user
 # algorithm's own preset is found by its name (package.module:Name) in :func:`preset`
 PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
     **{name: p for name in registry.names("algorithm")
        if (p := algorithm_preset(name)) is not None},
+    **{name: p for name in registry.names("wrapper") if (p := wrapper_preset(name)) is not None},
     **GENERIC,
 }
 
@@ -89,32 +94,11 @@ class Param:
             raise ConfigError(f"{prefix}.low", self.low, "a total ≥ 0 for type weights")
 
 
-def get_dotted(raw: dict, key: str) -> Any:
-    """The value at a dotted path of a plain config dict (None when absent)."""
-    node: Any = raw
-    for part in key.split("."):
-        if not isinstance(node, dict):
-            return None
-        node = node.get(part)
-    return node
-
-
-def set_dotted(raw: dict, key: str, value: Any) -> None:
-    """Set a dotted path in a plain config dict, creating sections on the way."""
-    parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = value
-
-
 def apply(base: dict, values: dict[str, Any]) -> dict:
     """A copy of the base config dict with every searched key set to its value."""
     raw = config_mod.apply_overrides(base, [])
     for key, value in values.items():
-        set_dotted(raw, key, value)
+        config_mod.set_key(raw, key, value)
     return raw
 
 
@@ -143,7 +127,7 @@ def resolve(presets: list[str], space: dict, base: dict) -> dict[str, Param]:
     for key, spec in specs.items():
         param = schema.build(Param, spec, f"space.{key}")
         if param.type == "weights":
-            current = get_dotted(base, key)
+            current = config_mod.get_key(base, key)
             if param.size is None and not isinstance(current, list):
                 raise ConfigError(f"space.{key}.size", None, "the number of weights (the base "
                                                             f"config has {key} = {current!r})")

@@ -56,13 +56,14 @@ def main() -> None:
         accs: dict[str, list[float]] = {"fedavg": [], "fedavg+ima": []}
         for seed in seeds:
             base_dir = os.path.abspath(os.path.join(args.out, f"fedavg-{part}-s{seed}"))
-            over = [*PARTITIONS[part], f"seed={seed}", "ima=null",
+            over = [*PARTITIONS[part], f"seed={seed}", "wrappers=[]",
                     f"checkpoint.keep=[{FORK_AT}]", f"name=fedavg-{part}", *args.overrides]
             base = _run(base_dir, lambda: rayfl.run(CONFIG, over, run_dir=base_dir,
                                                     quiet=True).summary)
             ima_dir = os.path.abspath(os.path.join(args.out, f"ima-{part}-s{seed}"))
             ima = _run(ima_dir, lambda: fork(base_dir, FORK_AT, [
-                "ima.window=5", "ima.start=0.75", "ima.decay_after=0.97", f"name=ima-{part}"],
+                "wrappers.ima.window=5", "wrappers.ima.start=0.75",
+                "wrappers.ima.decay_after=0.97", f"name=ima-{part}"],
                 run_dir=ima_dir, quiet=True).summary)
             accs["fedavg"].append(100 * base["mean_last_10_evals_accuracy"])
             accs["fedavg+ima"].append(100 * ima["mean_last_10_evals_accuracy"])

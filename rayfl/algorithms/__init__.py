@@ -6,7 +6,7 @@ from rayfl.algorithms.base import Algorithm
 
 
 def build(cfg, num_clients: int) -> Algorithm:
-    """The configured algorithm (with its ``server_opt``; wrapped in IMA when ``cfg.ima`` is set)."""
+    """The configured algorithm (with its ``server_opt``), inside the configured ``wrappers``."""
     from rayfl.algorithms import registry, server_opt
     from rayfl.algorithms.checks import effective_weighting
 
@@ -22,8 +22,6 @@ def build(cfg, num_clients: int) -> Algorithm:
                                o.v_init)
     algo = cls(cfg.algorithm.params, weighting=weighting, num_clients=num_clients,
                local_momentum=momentum, server_opt=opt)
-    if cfg.ima is not None:
-        from rayfl.algorithms.ima import wrap_ima
+    from rayfl.algorithms.wrapper import wrap
 
-        algo = wrap_ima(algo, cfg.ima, cfg.rounds)
-    return algo
+    return wrap(algo, cfg)

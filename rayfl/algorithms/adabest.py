@@ -25,7 +25,7 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
                                    ServerParams, State, Vec)
-from rayfl.algorithms.checks import reject_adam, reject_ima
+from rayfl.algorithms.checks import reject_adam
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,9 @@ class AdaBest(Algorithm):
     Params = AdaBestParams
     paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
     dp_post_processing = True  # x̄ = x − Δ̄; h_i never leaves the client
-    client_state_keys = ("h", "t_last")
+    client_state = {"h": "model", "t_last": "scalar"}
+    averaging_reason = ("it deploys x̄, the plain client mean, while IMA would average its next "
+                        "start x̄ − h")
 
     @classmethod
     def search_space(cls) -> dict[str, dict]:
@@ -66,8 +68,6 @@ class AdaBest(Algorithm):
     def check_config(cls, params, cfg) -> None:
         reject_adam(cls.name, cfg, "h_i accumulates the SGD displacement x_t − y_i that its "
                                    "correction −μ h_i is scaled for")
-        reject_ima(cls.name, cfg, "it deploys x̄, the plain client mean, while IMA would "
-                                  "average its next start x̄ − h")
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}

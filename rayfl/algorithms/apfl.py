@@ -44,7 +44,7 @@ class APFL(Algorithm):
 
     name = "apfl"
     Params = APFLParams
-    client_state_keys = ("v", "alpha")
+    client_state = {"v": "model", "alpha": "scalar"}
     accepts_server_opt = True
     dp_post_processing = True  # the uploaded w is FedAvg's local SGD; v_i never leaves the client
 

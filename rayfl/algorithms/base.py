@@ -66,8 +66,8 @@ State = dict[str, Any]
 BUFFERS = "_model_buffers"
 
 #: the optional capabilities an algorithm may define (see the module docstring)
-CAPABILITIES = ("client_train", "client_settle", "client_setup", "receive_client_models",
-                "personal_model")
+CAPABILITIES = ("client_train", "round_message", "client_settle", "client_setup",
+                "server_setup", "receive_client_models", "personal_model")
 
 
 def has(algorithm: Any, capability: str) -> bool:
@@ -154,8 +154,11 @@ class Algorithm:
     paper_weighting: ClassVar[str] = "samples"
     #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
     extra_weightings: ClassVar[tuple[str, ...]] = ()
-    #: names of per-client persistent vectors (empty: the algorithm keeps no client state)
-    client_state_keys: ClassVar[tuple[str, ...]] = ()
+    #: the client's persistent state, typed: entry -> "model" (a vector shaped like x),
+    #: "scalar" (a one-element tensor), "buffers" (the model's buffers, None without) or "any" (a shape
+    #: of its own: a parameter group, a history); every state a client returns is checked
+    #: against it (:func:`check_client_state`); empty: the algorithm keeps no client state
+    client_state: ClassVar[dict[str, str]] = {}
     #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
     accepts_server_opt: ClassVar[bool] = False
     #: the server update reads only Δ̄ (no per-client payload or second moments), so it is
@@ -174,6 +177,8 @@ class Algorithm:
     local_buffers: ClassVar[bool] = False
     #: why models with buffers are refused (None: accepted)
     buffers_reason: ClassVar[str | None] = None
+    #: why averaging its server models over rounds (IMA) is undefined for it (None: it is not)
+    averaging_reason: ClassVar[str | None] = None
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
                  local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):
@@ -254,12 +259,6 @@ class Algorithm:
         """Further models worth evaluating each eval round, by metric prefix (e.g. AdaBest's x_{t+1})."""
         return {}
 
-    @property
-    def ima_average(self) -> str:
-        """What IMA averages around this algorithm: its output x (``output``), or the plain
-        average of the client models fed to an adaptive server optimizer (``target``)."""
-        return "target" if self.server_opt.adaptive else "output"
-
     def fork_state(self, state: State, next_round: int, source: "Algorithm") -> State:
         """The server state a run forked from ``source``'s checkpoint continues with, from round
         ``next_round`` on (``rayfl fork``); ValueError saying why when it cannot continue."""
@@ -269,10 +268,6 @@ class Algorithm:
                              f"{sorted(state)}: another algorithm or server optimizer)")
         return state
 
-    def reset_server_opt(self, state: State) -> State:
-        """``state`` with the server optimizer restarted (IMA's moment reset)."""
-        return {**state, **self.server_opt.restart(state["x"])}
-
     # ----- client side -------------------------------------------------------------------
     def client_begin(self, task: ClientTask) -> LocalRule:
         """The round's local rule for one client."""
@@ -281,6 +276,38 @@ class Algorithm:
     def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
         """Payload and new state after ``steps`` local steps ended at ``y``."""
         return ClientResult({}, None)
+
+
+#: what a ``client_state`` entry may be declared as
+STATE_KINDS = ("model", "scalar", "buffers", "any")
+
+
+def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> None:
+    """TypeError naming the algorithm and the entry when a client's returned ``state`` holds an
+    entry its ``client_state`` does not declare, or one of another shape than declared
+    (``dim``: the model's parameter count)."""
+    declared = algorithm.client_state
+    for key, value in state.items():
+        kind = declared.get(key)
+        numel = value.numel() if isinstance(value, torch.Tensor) else None
+        if kind is None:
+            problem = f"is not declared (client_state: {dict(declared)})"
+        elif kind == "model" and (numel != dim or value.dim() != 1):
+            problem = f"is declared 'model' but is {_shape(value)}, not a vector of {dim}"
+        elif kind == "scalar" and numel != 1:
+            problem = f"is declared 'scalar' but is {_shape(value)}, not a one-element tensor"
+        elif kind == "buffers" and value is not None and (numel is None or value.dim() != 1):
+            problem = f"is declared 'buffers' but is {_shape(value)}, not a flat vector or None"
+        else:
+            continue
+        raise TypeError(f"{algorithm.name or type(algorithm).__name__}: client state entry "
+                        f"{key!r} {problem}")
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def params_of(cls: type[Algorithm]) -> list[dataclasses.Field]:

@@ -31,13 +31,6 @@ def require_plain_sgd(name: str, cfg: Any, why: str) -> None:
             raise ConfigError(key, value, f"{plain} with {name} ({why})")
 
 
-def reject_ima(name: str, cfg: Any, why: str) -> None:
-    """ConfigError when an ``ima`` section is set: IMA around ``name`` is undefined because ``why``."""
-    if cfg.ima is not None:
-        raise ConfigError("ima", dataclasses.asdict(cfg.ima),
-                          f"no ima section with {name} ({why})")
-
-
 def effective_weighting(cls: Any, cfg: Any) -> str:
     """What ``aggregation.weighting`` means for ``cls``: ``auto`` is uniform under ``privacy``
     (DP-FedAvg's fixed-denominator estimator) and the algorithm's paper weighting otherwise."""
@@ -50,22 +43,22 @@ def effective_weighting(cls: Any, cfg: Any) -> str:
 def check_buffers(cfg: Any, module: Any) -> None:
     """ConfigError when ``module`` holds buffers (BatchNorm statistics) that the run could not
     carry faithfully: the algorithm's math has no place for them, privacy would release them
-    un-noised, IMA would pair averaged parameters with one round's statistics, or the
-    event-driven modes would mix statistics of models of different ages."""
+    un-noised, a wrapper such as IMA would pair averaged parameters with one round's
+    statistics, or the event-driven modes would mix statistics of models of different ages."""
     from rayfl.models.flat import persistent_buffers
 
     if not persistent_buffers(module):
         return
     from rayfl.algorithms import registry
+    from rayfl.algorithms.wrapper import wrapper_classes
 
     why = registry.get(cfg.algorithm.name).buffers_reason
     refused = [
         (why is not None, f"with {cfg.algorithm.name} ({why})"),
         (cfg.privacy is not None, "with a privacy section (the statistics are client data "
                                   "and would be averaged without clipping or noise)"),
-        (cfg.ima is not None, "with IMA (it averages parameters over rounds; one round's "
-                              "BatchNorm statistics do not belong to that average; the paper "
-                              "uses GroupNorm: resnet18_gn)"),
+        *((True, f"with wrapper {cls.name} ({cls.model_buffers_reason})")
+          for _, cls, _ in wrapper_classes(cfg) if cls.model_buffers_reason),
         (cfg.aggregation.mode != "sync", f"with aggregation.mode {cfg.aggregation.mode} "
                                          "(statistics of models of different ages)"),
     ]

@@ -1,5 +1,5 @@
-"""``algorithm.*``, ``ima.*`` and ``server_opt.*``: the algorithm, IMA around it and the server
-optimiser replacing its step (see ``rayfl.algorithms``)."""
+"""``algorithm.*``, ``wrappers`` and ``server_opt.*``: the algorithm, the server wrappers around
+it (:mod:`rayfl.algorithms.wrapper`) and the server optimiser replacing its step."""
 
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ class AlgorithmConfig(registry.Named):
 
 
 @dataclass(frozen=True)
-class IMAConfig:
-    """Iterative moving averaging (seed 004) around the chosen server algorithm."""
+class WrapperConfig(registry.Named):
+    """One entry of ``wrappers``: a server wrapper and its keys."""
 
-    window: int = field(5, doc="P: number of recent global models averaged", lo=1)
-    start: float = field(0.75, doc="t_s as a fraction of rounds (<1) or a round index (>=1)",
-                         lo=0.0)
-    decay_after: float = field(0.97, doc="per-round local lr decay from t_s on", lo=0.0, hi=1.0,
-                               lo_open=True)
-    reset_server_moments: bool = field(True, doc="zero FedAdam/Yogi moments at t_s")
+    KIND = "wrapper"
+
+    name: str = field(doc="server wrapper: a built-in (ima) or package.module:Name, a "
+                          "ServerWrapper subclass")
+    params: Any = field(None, doc="validated keys of the chosen wrapper", flatten=True)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ class Ditto(Algorithm):
 
     name = "ditto"
     Params = DittoParams
-    client_state_keys = ("v",)
+    client_state = {"v": "model", "v_buffers": "buffers"}
     accepts_server_opt = True
     dp_post_processing = True  # the global update is FedAvg's; v_k never leaves the client
 

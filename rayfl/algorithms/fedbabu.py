@@ -32,7 +32,7 @@ class FedBABU(PartialModel):
 
     name = "fedbabu"
     Params = FedBABUParams
-    client_state_keys = ()
+    client_state = {}  # nothing of its own: the head never trains
     group_keys = ("frozen",)
     asynchronous_ok = True  # stateless clients, a server step on Δ̄
     personal_model = None  # personalised by fine-tuning (eval.finetune_steps), not kept

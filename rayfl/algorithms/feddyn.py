@@ -50,7 +50,7 @@ class FedDyn(Algorithm):
     synchronous_reason = ("its server h and each client's ĝ_i follow the drift y_i − x_t of "
                           "synchronous rounds: h sums one round's clients against the same x_t")
     Params = FedDynParams
-    client_state_keys = ("g_hat",)
+    client_state = {"g_hat": "model"}
     accepts_server_opt = True
 
     @classmethod

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, State, Vec
-from rayfl.algorithms.checks import reject_ima
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,8 @@ class FedEve(Algorithm):
     synchronous_reason = ("its Kalman filter models the period drift between consecutive rounds' "
                           "mean updates")
     Params = FedEveParams
-
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        reject_ima(cls.name, cfg, "its clients start from the prediction x_t − η_g M, which "
-                                  "would shift the IMA mean again")
+    averaging_reason = ("its clients start from the prediction x_t − η_g M, which would shift "
+                        "the IMA mean again")
 
     def server_init(self, x0: Vec) -> State:
         return {"x": x0.clone(), "M": torch.zeros_like(x0), "s": 0.0}

@@ -46,7 +46,7 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
                                    ServerParams, State, Vec)
-from rayfl.algorithms.checks import reject_adam, reject_ima
+from rayfl.algorithms.checks import reject_adam
 from rayfl.schema import ConfigError
 
 
@@ -118,6 +118,7 @@ class FedMIM(Algorithm):
                           "synchronous global models")
     Params = FedMIMParams
     paper_weighting = "uniform"
+    averaging_reason = "its increments δ are taken between un-averaged global models"
 
     @classmethod
     def search_space(cls) -> dict[str, dict]:
@@ -143,7 +144,6 @@ class FedMIM(Algorithm):
                               "0 with fedmim (its inertial step m_α is the momentum; local "
                               "momentum would amplify it by 1/(1 − momentum))")
         reject_adam(cls.name, cfg, "Adam would rescale the inertial step m_α/η_l per coordinate")
-        reject_ima(cls.name, cfg, "its increments δ are taken between un-averaged global models")
 
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)
@@ -154,9 +154,9 @@ class FedMIM(Algorithm):
         self.scale = 1.0 - sum(self.alpha)  # A = 1 − Σα, the weight of the fresh gradient
         self.per_client = self.p.history == "participation"
         # instance attribute: broadcast mode keeps no client state at all
-        self.client_state_keys = (("mim_x", "mim_t")
-                                  + tuple(f"mim_d{j}" for j in range(1, self.J))
-                                  if self.per_client else ())
+        self.client_state = ({"mim_x": "model", "mim_t": "scalar",
+                              **{f"mim_d{j}": "model" for j in range(1, self.J)}}
+                             if self.per_client else {})
 
     # ----- server ------------------------------------------------------------------------
     def server_init(self, x0: Vec) -> State:

@@ -17,8 +17,8 @@ code, spec 004 §1.5):
 - ``target`` (fedadam / fedyogi / fedadagrad): the window holds the pseudo-target x_t − Δ̄ (the
   plain weighted average of the client models); from t_s the inner's server optimiser is fed
   Δ̄' = x_t − mean(window) instead of Δ̄, and its output is what clients receive.
-``average="auto"`` asks the inner algorithm (:attr:`Algorithm.ima_average`): ``target`` when its
-server optimizer is adaptive, ``output`` otherwise.
+The key ``average: auto`` picks ``target`` when the inner's server optimizer is adaptive,
+``output`` otherwise.
 
 Client exploration: from t_s the local lr decays by ``decay_after`` per round, continuing from the
 value reached: η_l(t) = η_l^inner(t_s) · decay_after^(t − t_s) (= η_0 · decay^t_s ·
@@ -26,23 +26,27 @@ decay_after^(t − t_s) for the default schedule; paper: decay 0.99, decay_after
 inner's server optimizer is adaptive and ``reset_server_moments`` is set, its moments are
 re-initialised at t_s, before that round's update.
 
-IMA is refused (config error) around adabest (it deploys x̄, which IMA never averages), fedeve
-(its clients start from the mean − η_g·M) and fedmim (its increments are measured between
-un-averaged models).
+IMA is refused (config error) around algorithms whose class gives an ``averaging_reason``
+(adabest deploys x̄, which IMA never averages; fedeve's clients start from the mean − η_g·M;
+fedmim's increments are measured between un-averaged models), around models with BatchNorm
+statistics and in the event-driven modes.
 
-Everything else (client rule and state, capabilities, weights) is the inner's: the wrapper
-forwards every attribute it does not define.
+It is a :class:`~rayfl.algorithms.wrapper.ServerWrapper`: ``wrappers: [{name: ima, window: 5}]``;
+client rule and state, capabilities and weights stay the inner's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, State, Vec
+from rayfl.algorithms.wrapper import ServerWrapper
+from rayfl.schema import ConfigError, field
 
 _BUF, _RAW = "ima_buf", "ima_raw"
 
@@ -54,29 +58,57 @@ def start_round(start: float, rounds: int) -> int:
     return int(math.floor(start + 1e-9))
 
 
-class IMA:
-    """Wraps ``inner``; IMA's own state keys are ``ima_buf`` (window, oldest first), ``ima_raw``."""
+@dataclass(frozen=True)
+class IMAParams:
+    """IMA's keys (an entry of ``wrappers``)."""
 
-    def __init__(self, inner: Algorithm, window: int = 5, start: int = 0,
-                 decay_after: float = 0.97, reset_server_moments: bool = True,
-                 average: Literal["auto", "output", "target"] = "auto"):
-        if window < 1:
-            raise ValueError(f"IMA window must be ≥ 1, got {window}")
-        self.inner = inner
-        self.window, self.t_s = int(window), int(start)
-        self.decay_after = float(decay_after)
-        self.reset_server_moments = bool(reset_server_moments)
-        self.average = inner.ima_average if average == "auto" else average
+    window: int = field(5, doc="P: number of recent global models averaged", lo=1)
+    start: float = field(0.75, doc="t_s as a fraction of rounds (<1) or a round index (>=1)",
+                         lo=0.0)
+    decay_after: float = field(0.97, doc="per-round local lr decay from t_s on", lo=0.0, hi=1.0,
+                               lo_open=True)
+    reset_server_moments: bool = field(True, doc="zero FedAdam/Yogi moments at t_s")
+    average: Literal["auto", "output", "target"] = field(
+        "auto", doc="what the window holds: output (the inner's x after its update), target "
+                    "(the client average fed to an adaptive server optimiser); auto: target "
+                    "when the server optimiser is adaptive, else output")
 
-    def __getattr__(self, name: str) -> Any:
-        """Everything IMA does not change is the inner algorithm's."""
-        if name == "inner":  # not set yet (unpickling): no recursion
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
-    @staticmethod
-    def _inner(state: State) -> State:
-        return {k: v for k, v in state.items() if k not in (_BUF, _RAW)}
+class IMA(ServerWrapper):
+    """IMA around ``inner``; its own state keys are ``ima_buf`` (window, oldest first), ``ima_raw``."""
+
+    name = "ima"
+    Params = IMAParams
+    own_keys = (_BUF, _RAW)
+    averages_rounds = True
+    async_reason = "IMA averages the models of consecutive synchronous rounds"
+    model_buffers_reason = ("it averages parameters over rounds; one round's BatchNorm "
+                            "statistics do not belong to that average; the paper uses "
+                            "GroupNorm: resnet18_gn")
+    inner_model = "ima_inner"
+
+    def __init__(self, inner: Algorithm, params: IMAParams | None = None, *, rounds: int = 1):
+        super().__init__(inner, params, rounds=rounds)
+        p = self.params
+        self.window, self.t_s = int(p.window), start_round(p.start, rounds)
+        self.decay_after = float(p.decay_after)
+        self.reset_server_moments = bool(p.reset_server_moments)
+        adaptive = inner.server_opt.adaptive
+        self.average = ("target" if adaptive else "output") if p.average == "auto" else p.average
+
+    @classmethod
+    def check_config(cls, params: IMAParams, cfg, where: str) -> None:
+        t_s = start_round(params.start, cfg.rounds)
+        if t_s >= cfg.rounds:
+            raise ConfigError(f"{where}.start", params.start,
+                              f"a fraction < 1 or a round index < rounds = {cfg.rounds} "
+                              f"(it starts IMA at round {t_s}, after the last round)")
+
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``ima``: the window P and the start t_s."""
+        return {"wrappers.ima.window": {"type": "int", "low": 1, "high": 10},
+                "wrappers.ima.start": {"low": 0.5, "high": 0.95}}
 
     def active(self, t: int) -> bool:
         """Whether round t's update is followed by averaging (t ≥ t_s)."""
@@ -99,9 +131,9 @@ class IMA:
         return torch.cat([buf[-(self.window - 1):] if self.window > 1 else buf[:0], w[None]])
 
     def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        inner_state, buf = self._inner(state), state[_BUF]
+        inner_state, buf = self.strip(state), state[_BUF]
         if t == self.t_s and self.reset_server_moments and self.inner.server_opt.adaptive:
-            inner_state = self.inner.reset_server_opt(inner_state)
+            inner_state = {**inner_state, **self.inner.server_opt.restart(inner_state["x"])}
         own: dict = {}
         if self.average == "target":
             target = inner_state["x"] - agg.delta_mean  # Σ p_i y_i (clients start at x)
@@ -124,8 +156,7 @@ class IMA:
         """A fork keeps the inner's state; the window must hold the outputs IMA needs before
         ``next_round``: none (the fork precedes t_s − P + 1), or the source's own window."""
         src_ima = source if isinstance(source, IMA) else None
-        inner = self.inner.fork_state(self._inner(state), next_round,
-                                      source.inner if src_ima else source)
+        inner = self.inner.fork_state(self.strip(state), next_round, self.unwrap(source))
         need = max(0, next_round - max(self.t_s - self.window + 1, next_round - self.window))
         if need == 0:
             return {**inner, _BUF: state["x"].new_zeros((0, state["x"].numel()))}
@@ -140,16 +171,7 @@ class IMA:
 
     def extra_models(self, state: State) -> dict[str, Vec]:
         """The inner's extras, plus its un-averaged output (``ima_inner``) once IMA is on."""
-        out = dict(self.inner.extra_models(self._inner(state)))
+        out = dict(self.inner.extra_models(self.strip(state)))
         if self.average == "output" and _RAW in state:
-            out["ima_inner"] = state[_RAW]
+            out[self.inner_model] = state[_RAW]
         return out
-
-
-def wrap_ima(inner: Algorithm, ima_cfg, rounds: int) -> Algorithm:
-    """``inner`` wrapped in IMA per an ``ima:`` config section (None: ``inner`` unchanged)."""
-    if ima_cfg is None:
-        return inner
-    return IMA(inner, window=ima_cfg.window, start=start_round(ima_cfg.start, rounds),
-               decay_after=ima_cfg.decay_after,
-               reset_server_moments=ima_cfg.reset_server_moments)

@@ -41,7 +41,7 @@ class MOON(Algorithm):
 
     name = "moon"
     Params = MOONParams
-    client_state_keys = ("prev",)
+    client_state = {"prev": "model"}
     accepts_server_opt = True
     dp_post_processing = True  # the contrastive term and w_i^{t−1} stay on the client
 

@@ -22,7 +22,7 @@ class PartialModel(Algorithm):
     """FedAvg on the shared parameters; ``personal_group`` kept per client, ``frozen_group``
     never trained (None: no such group)."""
 
-    client_state_keys = ("personal",)
+    client_state = {"personal": "any"}  # the personal group's values
     accepts_server_opt = True
     dp_post_processing = True  # the shared update is FedAvg's; P never leaves the client
     #: the ``algorithm.*`` keys naming parameter groups (checked against the model)

@@ -51,7 +51,7 @@ class PFedMe(Algorithm):
 
     name = "pfedme"
     Params = PFedMeParams
-    client_state_keys = ("theta",)
+    client_state = {"theta": "model", "theta_buffers": "buffers"}
     accepts_server_opt = False  # pFedMe's own β step
     dp_post_processing = True  # the server reads only Δ̄; θ never leaves the client
 

@@ -51,7 +51,7 @@ class Scaffold(Algorithm):
     synchronous_reason = ("its server variate c is updated by the mean Δc_i of one round, every "
                           "c_i⁺ measured from the same x_t and c")
     Params = ScaffoldParams
-    client_state_keys = ("c",)
+    client_state = {"c": "model"}
     accepts_server_opt = True
 
     @classmethod

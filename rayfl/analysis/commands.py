@@ -35,8 +35,9 @@ def add_subcommands(p: argparse.ArgumentParser) -> None:
     i = sub.add_parser("interpolate", help="loss/error along β·w1 + (1−β)·w2 (seed 004 §5.1)")
     _eval_args(i)
     i.add_argument("--preset", choices=INTERPOLATIONS, default="auto",
-                   help="ima: final IMA model vs the plain average it replaced; rounds: the "
-                        "last two kept global models; auto: ima if kept, else rounds")
+                   help="wrapper: the deployed model vs the output inside its server wrapper "
+                        "(IMA: the plain average it replaced); rounds: the last two kept "
+                        "global models; auto: wrapper if kept, else rounds")
     i.add_argument("--models", nargs=2, metavar=("W1", "W2"),
                    help="instead of a preset: NAME@ROUND, final or a .npy path")
     i.add_argument("--beta", nargs=2, type=float, default=[-0.5, 1.5], metavar=("LO", "HI"))

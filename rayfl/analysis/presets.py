@@ -9,29 +9,38 @@ from rayfl.schema import ConfigError
 if TYPE_CHECKING:
     from rayfl.analysis.landscape import Model
 
-INTERPOLATIONS = ("auto", "ima", "rounds")
+INTERPOLATIONS = ("auto", "wrapper", "rounds")
 PLANES = ("paper", "clients", "globals")
 
 
 def _fma(run, t: int) -> Model:
+    """Round ``t``'s model before the outermost wrapper that keeps one (IMA: the plain
+    average, FMA), labelled by that model's name; global when there is none."""
     name = run.fma_name(t)
-    return f"{'FMA' if name == 'ima_inner' else 'global'} r{t}", run.load(name, t)
+    return f"{'global' if name == 'global' else name} r{t}", run.load(name, t)
+
+
+def _deployed(run, t: int) -> Model:
+    from rayfl.algorithms.wrapper import label
+
+    return f"{label(run.cfg)} r{t}", run.load("global", t)
 
 
 def interpolation(run, preset: str) -> tuple[str, Model, Model]:
-    """(tag, w1, w2): ``ima`` — the final IMA model (β=1) and the plain average it replaced
-    (β=0); ``rounds`` — the last two kept global models (later at β=1); ``auto`` — ima when the
-    run kept IMA's inner model, else rounds."""
+    """(tag, w1, w2): ``wrapper`` — the deployed model (β=1) and the output inside the server
+    wrapper it replaced (β=0; IMA: the final IMA model and the plain average); ``rounds`` — the
+    last two kept global models (later at β=1); ``auto`` — wrapper when the run kept a
+    wrapper's inner model, else rounds."""
     t = run.need_rounds(1, f"`rayfl analyze interpolate --preset {preset}`")[-1]
     if preset == "auto":
-        preset = "ima" if "ima_inner" in run.names(t) else "rounds"
-    if preset == "ima":
-        if "ima_inner" not in run.names(t):
-            raise ConfigError("ima", None if run.cfg.ima is None else "on",
-                              f"an IMA run active at the last kept round {t} (it keeps "
-                              "ima_inner.npy from ima.start on); rerun with ima.window=5 and "
-                              "keep.last=1")
-        return "ima", (f"IMA r{t}", run.load("global", t)), _fma(run, t)
+        preset = "wrapper" if run.fma_name(t) != "global" else "rounds"
+    if preset == "wrapper":
+        if run.fma_name(t) == "global":
+            raise ConfigError("wrappers", [e.name for e in run.cfg.wrappers],
+                              f"a wrapper that keeps its inner model (IMA: ima_inner.npy from "
+                              f"its start on) active at the last kept round {t}; rerun with "
+                              "wrappers=[ima] and keep.last=1")
+        return "wrapper", _deployed(run, t), _fma(run, t)
     kept = run.need_rounds(2, "`rayfl analyze interpolate --preset rounds`")
     return "rounds", _fma(run, kept[-1]), _fma(run, kept[-2])
 
@@ -49,10 +58,10 @@ def clients_plane(run, t: int, clients: list[int] | None = None):
 
 
 def globals_plane(run):
-    """(name, the last three kept plain-average global models, marks: the IMA model if any)."""
+    """(name, the last three kept models before the outermost wrapper, marks: the deployed
+    model when a wrapper changed it)."""
     kept = run.need_rounds(3, "`rayfl analyze plane --preset globals`")[-3:]
-    marks = [(f"IMA r{kept[-1]}", run.load("global", kept[-1]))] \
-        if run.fma_name(kept[-1]) == "ima_inner" else []
+    marks = [_deployed(run, kept[-1])] if run.fma_name(kept[-1]) != "global" else []
     return "globals", [_fma(run, t) for t in kept], marks
 
 

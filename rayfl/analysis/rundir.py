@@ -3,7 +3,8 @@
 Kept models (config ``keep.rounds`` / ``keep.last``) live in ``models/round-NNNNN/``:
 ``start.npy`` (what clients started from), ``client-<id>.npy`` (each client's final local
 model), ``global.npy`` (the deployed model after the round) and the algorithm's extra models
-(``ima_inner.npy``: IMA's un-averaged inner output; ``next.npy``: AdaBest's next model).
+(``next.npy``: AdaBest's next model; a server wrapper's ``inner_model``, e.g. ``ima_inner.npy``:
+the output of the algorithm inside it, before IMA averaged it).
 A model is named ``NAME@ROUND`` (``global@19``, ``client-7@-1``: a negative round counts back
 over the kept rounds), ``final`` (``final_model.npy``) or a path to a ``.npy`` file.
 """
@@ -80,9 +81,19 @@ class RunDir:
                                                       f" (kept at round {t})")
         return np.load(path).astype(np.float32, copy=False)
 
+    @cached_property
+    def inner_model(self) -> str | None:
+        """The kept model holding the output inside the outermost server wrapper that keeps
+        one (its ``inner_model``: IMA's ``ima_inner``); None without such a wrapper."""
+        from rayfl.algorithms.wrapper import wrapper_classes
+
+        names = [cls.inner_model for _, cls, _ in wrapper_classes(self.cfg) if cls.inner_model]
+        return names[-1] if names else None
+
     def fma_name(self, t: int) -> str:
-        """The plain model average of round ``t``: IMA's inner output when kept, else global."""
-        return "ima_inner" if "ima_inner" in self.names(t) else "global"
+        """The model round ``t``'s algorithm produced: the wrapper's inner model when kept,
+        else global (without a wrapper they are the same model)."""
+        return self.inner_model if self.inner_model in self.names(t) else "global"
 
     def round_of(self, r: int, key: str = "--round") -> int:
         """A kept round from ``r`` (negative: counted back from the last kept round)."""

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import ray
 
+from rayfl.algorithms import wrapper
 from rayfl.metrics import provenance
 from rayfl.metrics.files import _plain, write_json, write_parquet
 from rayfl.metrics.live import LiveMetrics
@@ -104,7 +105,7 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
     return {
         **dp,
         "name": cfg.name,
-        "algorithm": cfg.algorithm.name + ("+ima" if cfg.ima is not None else ""),
+        "algorithm": wrapper.label(cfg),
         "rounds": len(rows),
         "final_accuracy": accs[-1] if accs else None,
         f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))

@@ -25,6 +25,7 @@ def staleness_weight(kind: str, tau: int, a: float = 0.5, b: int = 4) -> float:
 def check_config(cls, cfg) -> None:
     """Refuse what the event-driven modes cannot honour, naming the key and the reason."""
     from rayfl.algorithms import registry
+    from rayfl.algorithms.wrapper import wrapper_classes
 
     mode = cfg.aggregation.mode
     name = cls.name or cfg.algorithm.name
@@ -40,8 +41,8 @@ def check_config(cls, cfg) -> None:
                           "here joins a later server step)")
     av = cfg.availability
     refused = [  # (key, value, refused when, expected)
-        ("ima", "(set)", cfg.ima is not None,
-         "no ima section (IMA averages the models of consecutive synchronous rounds)"),
+        *((f"{where}.name", cls.name, True, f"no {cls.name} wrapper ({cls.async_reason})")
+          for where, cls, _ in wrapper_classes(cfg) if cls.async_reason),
         ("privacy", "(set)", cfg.privacy is not None,
          "no privacy section (the accountant assumes uniformly sampled synchronous rounds)"),
         ("availability.deadline_s", av.deadline_s, av.deadline_s is not None,

@@ -22,8 +22,10 @@ class RayStartError(RuntimeError):
 
 
 def components(cfg) -> list:
-    """The config's algorithm, model, dataset and availability model that are not built-ins."""
-    sections = (cfg.algorithm, cfg.model, cfg.data, cfg.availability)
+    """The config's algorithm, wrappers, model, dataset, availability model and selector that
+    are not built-ins."""
+    sections = (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data, cfg.availability,
+                cfg.selection)
     return [s.component() for s in sections if not registry.is_builtin(s.KIND, s.component_name)]
 
 

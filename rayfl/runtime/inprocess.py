@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, has
+from rayfl.algorithms.base import (Algorithm, ClientResult, ClientTask, Vec, check_client_state,
+                                   has)
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.context import BUFFERS, ClientData, LocalContext
 from rayfl.runtime.local import GradFn, LocalSpec, train_client
@@ -118,6 +119,8 @@ def train_groups(algorithm: Algorithm, groups: Iterable[tuple[int, Sequence[Work
             if on_model is not None:
                 on_model(client, out.y)
             delta, result = out.delta, out.result
+            if result.state is not None:
+                check_client_state(algorithm, result.state, out.y.numel())
             if transforms is not None:
                 delta, t_state, extra = transforms.apply(delta, t, client, t_bc, t_state)
                 result = ClientResult({**result.payload, **extra}, result.state)

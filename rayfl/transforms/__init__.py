@@ -30,7 +30,7 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.schema import ConfigError
+from rayfl.schema import ConfigError, NoParams
 
 #: prefix of the broadcast and client-state keys that belong to transforms, not the algorithm
 RESERVED = "_transform"
@@ -49,11 +49,6 @@ class ClientContext:
     broadcast: dict[str, Vec] = field(default_factory=dict)
     state: dict[str, Vec] = field(default_factory=dict)
     payload: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class NoParams:
-    """A transform without settings."""
 
 
 class Transform:
