@@ -136,6 +136,7 @@ def from_dict(raw: dict) -> Config:
     """Validate a plain dict (as loaded from YAML) into a :class:`Config`."""
     if not isinstance(raw, dict):
         raise ConfigError("<root>", raw, "a mapping of config keys")
+    raw = upgrade(raw)
     for section in ("algorithm", "selection"):  # `algorithm: scaffold` is `{name: scaffold}`
         if isinstance(raw.get(section), str):
             raw = {**raw, section: {"name": raw[section]}}
@@ -376,6 +377,29 @@ def expand_shorthands(raw: dict) -> dict:
     """``algorithm: scaffold`` is short for ``algorithm: {name: scaffold}``."""
     if isinstance(raw.get("algorithm"), str):
         return {**raw, "algorithm": {"name": raw["algorithm"]}}
+    return raw
+
+
+def upgrade(raw: dict) -> dict:
+    """A config written by an earlier rayfl in today's keys, so run directories made before
+    stay readable (resume, fork, analyze): ``ima: {...}`` is ``wrappers: [{name: ima, ...}]``
+    (``ima: null``: none); ``availability.selection`` / ``availability.candidates`` are
+    ``selection.name`` / ``selection.candidates``."""
+    raw = dict(raw)
+    if "ima" in raw:
+        ima = raw.pop("ima")
+        if isinstance(ima, dict):
+            raw["wrappers"] = [*(raw.get("wrappers") or []), {"name": "ima", **ima}]
+        elif ima is not None:
+            raw["ima"] = ima  # not an earlier config's value: refused as an unknown key
+    avail = raw.get("availability")
+    if isinstance(avail, dict) and {"selection", "candidates"} & set(avail):
+        avail = dict(avail)
+        name, candidates = avail.pop("selection", "uniform"), avail.pop("candidates", None)
+        if name != "uniform" or candidates is not None:
+            extra = {} if candidates is None else {"candidates": candidates}
+            raw["selection"] = {**(raw.get("selection") or {}), "name": name, **extra}
+        raw["availability"] = avail
     return raw
 
 

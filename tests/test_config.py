@@ -91,3 +91,16 @@ def test_auto_weighting_is_the_papers_choice(name, weighting, expected):
 
     cfg = config.load(TINY, [f"algorithm.name={name}", f"aggregation.weighting={weighting}"])
     assert build(cfg, num_clients=20).weighting == expected
+
+
+def test_configs_of_earlier_versions_load_in_todays_keys():
+    """Run directories written before `wrappers` and `selection` existed stay readable."""
+    old = config.load(TINY, ["ima={window: 3, start: 1}", "availability.selection=power_of_choice",
+                             "availability.candidates=12"])
+    new = config.load(TINY, ["wrappers=[{name: ima, window: 3, start: 1}]",
+                             "selection.name=power_of_choice", "selection.candidates=12"])
+    assert old == new
+    assert config.load(TINY, ["ima=null", "availability.selection=uniform"]) == config.load(TINY)
+    with pytest.raises(ConfigError) as err:
+        config.load(TINY, ["ima=5"])
+    assert err.value.key == "ima"
