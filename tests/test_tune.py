@@ -188,3 +188,25 @@ def test_sqlalchemy_url_storage_continues(tmp_path):
     again = study_mod.open_study(setup)
     assert [t.value for t in again.get_trials()] == [0.25]
     assert study_mod.storage_target(setup) == url
+
+
+@pytest.mark.parametrize("name, active", [
+    ("ima", lambda c: [w.name for w in c.wrappers] == ["ima"]),
+    ("oort", lambda c: c.selection.name == "oort"),
+    ("power_of_choice", lambda c: c.selection.name == "power_of_choice"),
+    ("clip", lambda c: [t["name"] for t in c.aggregation.transforms] == ["clip"]),
+    ("krum", lambda c: [t["name"] for t in c.aggregation.transforms] == ["krum"]),
+    ("trimmed_mean", lambda c: [t["name"] for t in c.aggregation.transforms] == ["trimmed_mean"]),
+])
+def test_component_presets_search_their_keys_and_switch_the_component_on(tmp_path, name, active):
+    """A wrapper's, selector's or robust rule's preset works on any base: every draw is a valid
+    run config in which the component runs with the drawn values."""
+    setup = _build(_study(tmp_path, overrides=[f"data.cache_dir={tmp_path / 'cache'}",
+                                               "clients_per_round=10"], presets=[name]))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=2))
+    for _ in range(20):
+        values = space.suggest(study.ask(), setup.params)
+        cfg = config_mod.from_dict(space.apply(setup.base, values))
+        assert active(cfg)
+        for key, value in values.items():
+            assert config_mod.get_key(config_mod.to_dict(cfg), key) == pytest.approx(value)

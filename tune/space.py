@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from rayfl import config as config_mod
-from rayfl import registry, schema
+from rayfl import registry, schema, transforms
 from rayfl.schema import ConfigError, field
 
 # presets for any algorithm: name -> (None, {dotted key: parameter spec})
@@ -30,9 +30,12 @@ def algorithm_preset(name: str) -> tuple[str, dict[str, dict]] | None:
     return None if search_space is None else (name, search_space())
 
 
-def wrapper_preset(name: str) -> tuple[None, dict[str, dict]] | None:
-    """The preset a server wrapper declares (``search_space()``), for any algorithm."""
-    search_space = getattr(registry.resolve("wrapper", name), "search_space", None)
+def component_preset(kind: str, name: str) -> tuple[None, dict[str, dict]] | None:
+    """The preset a server wrapper or client selector declares (``search_space()``), for any
+    algorithm: its keys name the component too (``wrappers.ima.window`` adds IMA,
+    ``selection.name`` picks the selector; an aggregation transform's preset, below, adds its
+    entry the same way)."""
+    search_space = getattr(registry.resolve(kind, name), "search_space", None)
     return None if search_space is None else (None, search_space())
 
 
@@ -41,7 +44,10 @@ def wrapper_preset(name: str) -> tuple[None, dict[str, dict]] | None:
 PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
     **{name: p for name in registry.names("algorithm")
        if (p := algorithm_preset(name)) is not None},
-    **{name: p for name in registry.names("wrapper") if (p := wrapper_preset(name)) is not None},
+    **{name: p for kind in ("wrapper", "selector") for name in registry.names(kind)
+       if (p := component_preset(kind, name)) is not None},
+    **{name: (None, cls.search_space()) for name, cls in sorted(transforms.REGISTRY.items())
+       if hasattr(cls, "search_space")},
     **GENERIC,
 }
 

@@ -62,6 +62,15 @@ class Oort(Selector):
     name = "oort"
     Params = OortParams
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``oort``: Oort selects, with its exploration share ε, straggler
+        penalty α and cut-off c searched."""
+        return {"selection.name": {"type": "categorical", "choices": ["oort"]},
+                "selection.exploration": {"low": 0.2, "high": 0.9},
+                "selection.penalty": {"low": 0.5, "high": 4.0},
+                "selection.cutoff": {"low": 0.8, "high": 1.0}}
+
     def __init__(self, params, ctx):
         super().__init__(params, ctx)
         self.utility: dict[int, float] = {}  # explored client -> |B_i| · L̄_i

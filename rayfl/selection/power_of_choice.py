@@ -32,6 +32,13 @@ class PowerOfChoice(Selector):
     Params = PowerOfChoiceParams
     scores_candidates = True
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``power_of_choice``: Power-of-Choice selects, with d searched
+        from 1× to 5× the 10 clients a round of the shipped configs."""
+        return {"selection.name": {"type": "categorical", "choices": ["power_of_choice"]},
+                "selection.candidates": {"type": "int", "low": 10, "high": 50}}
+
     def select(self, t, rng, online, m, losses):
         p = self.ctx.sizes[online] / self.ctx.sizes[online].sum()
         d = self.p.candidates if self.p.candidates is not None else 2 * m

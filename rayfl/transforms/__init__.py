@@ -137,6 +137,11 @@ class ClipUpdate(Transform):
     name = "clip"
     Params = ClipParams
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``clip``: the norm bound S."""
+        return {"aggregation.transforms.clip.max_norm": {"low": 0.1, "high": 10.0, "log": True}}
+
     def client(self, delta: Vec, t: int, client: int) -> Vec:
         norm = torch.linalg.vector_norm(delta)
         return delta * torch.clamp(self.p.max_norm / (norm + 1e-6), max=1.0)

@@ -108,6 +108,11 @@ class TrimmedMean(RobustRule):
     name = "trimmed_mean"
     Params = TrimmedMeanParams
 
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``trimmed_mean``: the trimmed fraction β."""
+        return {"aggregation.transforms.trimmed_mean.beta": {"low": 0.0, "high": 0.4}}
+
     def rule(self, updates: torch.Tensor) -> Vec:
         m = len(updates)
         k = math.floor(self.p.beta * m)
@@ -133,6 +138,12 @@ class Krum(RobustRule):
 
     name = "krum"
     Params = KrumParams
+
+    @classmethod
+    def search_space(cls) -> dict[str, dict]:
+        """The tuner's preset ``krum``: f and k (k = 1: Krum) for rounds of 10 clients."""
+        return {"aggregation.transforms.krum.byzantine": {"type": "int", "low": 0, "high": 3},
+                "aggregation.transforms.krum.select": {"type": "int", "low": 1, "high": 5}}
 
     def __init__(self, params=None, seed: int = 0):
         super().__init__(params, seed)
