@@ -105,3 +105,17 @@ def test_one_entrys_key_is_addressed_by_its_name():
     assert cfg.aggregation.transforms == [{"name": "clip", "max_norm": 3}]
     added = config_mod.load(TINY, ["wrappers.ima.start=2"])  # the entry is added when absent
     assert [(w.name, w.params.start) for w in added.wrappers] == [("ima", 2.0)]
+
+
+def test_ima_averages_the_noised_models_under_privacy(tiny):
+    """IMA only post-processes DP-FedAvg's noised mean: the run is accounted as the plain one
+    (same ε) and its deployed model is the window mean of the plain run's models."""
+    dp = ["privacy.noise_multiplier=0.5", "aggregation.weighting=uniform"]
+    plain = _run(tiny, *dp, "name=dp")
+    ima = _run(tiny, *dp, "wrappers=[{name: ima, start: 1, window: 2}]", "name=dp-ima")
+    assert ima.summary["epsilon"] == plain.summary["epsilon"]
+    models = _globals(plain)
+    inner = RunDir(ima.run_dir)
+    assert np.array_equal(inner.load("ima_inner", 2), models[2])  # round 2's plain output
+    assert np.allclose(np.load(f"{ima.run_dir}/final_model.npy"),
+                       (inner.load("ima_inner", 3) + inner.load("ima_inner", 2)) / 2, atol=1e-7)
