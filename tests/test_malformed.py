@@ -17,6 +17,7 @@ from typing import Literal, Union, get_args, get_origin, get_type_hints
 import pytest
 
 from rayfl import config, rundir, simulation
+from rayfl import registry as components
 from rayfl.algorithms import registry
 from rayfl.cli import main
 from rayfl.config import Config
@@ -67,8 +68,26 @@ def _algorithm_cases():
             yield case
 
 
+def _wrapper_cases():
+    """Each server wrapper's keys, set by its name (``wrappers.ima.window=...``), refused on its
+    entry (``wrappers[0].window``)."""
+    for name in components.names("wrapper"):
+        params = components.resolve("wrapper", name).Params
+        for case in _schema_cases(params, f"wrappers.{name}."):
+            argv, key = case.values
+            yield pytest.param(argv, key.replace(f"wrappers.{name}.", "wrappers[0]."),
+                               id=case.id)
+
+
+def _selector_cases():
+    for name in components.names("selector"):
+        params = components.params_class(components.resolve("selector", name))
+        if params is not None:
+            yield from _schema_cases(params, "selection.", (f"selection.name={name}",))
+
+
 SCHEMA_CASES = [c for c in _schema_cases(Config, "") if not c.values[1].startswith(
-    "algorithm.")] + list(_algorithm_cases())
+    "algorithm.")] + list(_algorithm_cases()) + list(_wrapper_cases()) + list(_selector_cases())
 
 HAND_CASES = [
     (["algorithm=5"], "algorithm"),
