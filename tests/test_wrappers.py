@@ -119,3 +119,13 @@ def test_ima_averages_the_noised_models_under_privacy(tiny):
     assert np.array_equal(inner.load("ima_inner", 2), models[2])  # round 2's plain output
     assert np.allclose(np.load(f"{ima.run_dir}/final_model.npy"),
                        (inner.load("ima_inner", 3) + inner.load("ima_inner", 2)) / 2, atol=1e-7)
+
+
+def test_imas_average_key_picks_what_its_window_holds(tiny):
+    """Around FedAdam ``auto`` is ``target`` (the client averages fed to Adam); ``output``
+    averages Adam's own iterates instead, a different run."""
+    runs = {mode: _run(tiny, "algorithm.name=fedadam", "keep.last=0", f"name={mode}",
+                       f"wrappers=[{{name: ima, start: 1, window: 2, average: {mode}}}]")
+            for mode in ("auto", "target", "output")}
+    sha = {mode: r.summary["model_sha256"] for mode, r in runs.items()}
+    assert sha["auto"] == sha["target"] != sha["output"]
