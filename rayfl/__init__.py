@@ -1,6 +1,7 @@
 """rayfl: a Ray-based simulator for large-scale cross-device federated learning."""
 
 from rayfl.config import Config, ConfigError, load as load_config
+from rayfl.contract import ComponentError
 from rayfl.registry import registrar
 from rayfl.simulation import RunResult, resume, run
 
@@ -14,7 +15,7 @@ register_availability = registrar("availability")
 register_selector = registrar("selector")
 register_wrapper = registrar("wrapper")
 
-__all__ = ["Config", "ConfigError", "RunResult", "load_config", "resume", "run",
+__all__ = ["ComponentError", "Config", "ConfigError", "RunResult", "load_config", "resume", "run",
            "register_algorithm", "register_model", "register_dataset", "register_availability",
            "register_selector", "register_wrapper"]
 __version__ = "0.1.0"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rayfl.contract import ComponentError
 from rayfl.runtime.cluster import RayStartError
 from rayfl.schema import ConfigError
 from rayfl.simulation import RunStopped
@@ -339,6 +340,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except ConfigError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
+        return 2
+    except ComponentError as e:  # a user's component broke its contract: it and its frames
+        print(f"rayfl: error: {e}", file=sys.stderr)
+        if e.frames:
+            print(e.frames, file=sys.stderr)
         return 2
     except RunStopped as e:
         print(f"rayfl: run stopped: {e}", file=sys.stderr)

@@ -1,0 +1,114 @@
+"""The boundary with the user's code: what a component that breaks its contract is told.
+
+rayfl calls code it did not write — model factories, dataset loaders, algorithms, wrappers,
+selectors, availability models, transforms. Where it calls one it checks what comes back (type,
+shape, dtype, range, finiteness, ids) and runs the call inside :func:`calling`, so that a broken
+contract, or an exception the user's code raises, reaches the user as one
+:class:`ComponentError`: a line naming the component (``module:Name.method``), the round and
+client where it happened and what was wrong, followed by the user's own frames only — never a
+Ray or C++ dump. The command line prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+import traceback
+from typing import Any, Iterator
+
+#: directories whose frames are not the user's: rayfl itself and installed packages
+_RAYFL = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY = tuple(p for p in {os.path.dirname(os.__file__), *sys.path}
+                 if p and ("site-packages" in p or "dist-packages" in p or
+                           p == os.path.dirname(os.__file__)))
+
+
+class ComponentError(Exception):
+    """A user's component broke its contract (or raised): who, where, what, and its frames."""
+
+    def __init__(self, component: str, problem: str, round: int | None = None,
+                 client: int | None = None, frames: str = ""):
+        self.component, self.problem = component, " ".join(str(problem).split())
+        self.round, self.client, self.frames = round, client, frames
+        super().__init__(component, problem, round, client, frames)
+
+    def where(self) -> str:
+        """`` (round 3, client 17)``, or nothing when neither is known. Rounds count from 1."""
+        parts = ([] if self.round is None else [f"round {self.round + 1}"]) + \
+            ([] if self.client is None else [f"client {self.client}"])
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def __str__(self) -> str:
+        return f"{self.component}{self.where()}: {self.problem}"
+
+    def at(self, round: int | None = None, client: int | None = None) -> "ComponentError":
+        """This error with the round and client filled in where they were not known."""
+        return ComponentError(self.component, self.problem,
+                              self.round if self.round is not None else round,
+                              self.client if self.client is not None else client, self.frames)
+
+
+def name_of(obj: Any, method: str | None = None) -> str:
+    """``module:Name`` (``.method``) of a user's class, instance or function."""
+    target = obj if inspect.isclass(obj) or inspect.isfunction(obj) or inspect.ismethod(obj) \
+        else type(obj)
+    func = getattr(target, "__func__", None)
+    if func is not None:  # a bound method: its class and its own name
+        return f"{name_of(target.__self__)}.{func.__name__}"
+    qual = getattr(target, "__qualname__", getattr(target, "__name__", repr(target)))
+    base = f"{getattr(target, '__module__', '?')}:{qual}"
+    return f"{base}.{method}" if method else base
+
+
+def _is_user_frame(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return not (path.startswith(_RAYFL + os.sep) or path.startswith(_LIBRARY)
+                or filename.startswith("<"))
+
+
+def user_frames(tb) -> str:
+    """The frames of traceback ``tb`` in the user's own files, formatted (empty when none)."""
+    frames = [f for f in traceback.extract_tb(tb) if _is_user_frame(f.filename)]
+    return "".join(traceback.format_list(frames)).rstrip()
+
+
+@contextlib.contextmanager
+def calling(component: str, round: int | None = None, client: int | None = None
+            ) -> Iterator[None]:
+    """Run a call into the user's ``component``: an exception it raises becomes a
+    :class:`ComponentError` naming the component, the round and the client, carrying the user's
+    frames (a :class:`ComponentError` raised inside gets the round and client filled in)."""
+    try:
+        yield
+    except ComponentError as e:
+        raise e.at(round, client) from None
+    except Exception as e:  # noqa: BLE001 - the user's code may raise anything
+        problem = f"raised {type(e).__name__}: {e}" if str(e) else f"raised {type(e).__name__}"
+        raise ComponentError(component, problem, round, client,
+                             user_frames(e.__traceback__)) from None
+
+
+def expect(ok: bool, component: str, problem: str, round: int | None = None,
+           client: int | None = None) -> None:
+    """ComponentError(``component``, ``problem``) unless ``ok``."""
+    if not ok:
+        raise ComponentError(component, problem, round, client)
+
+
+def describe(value: Any) -> str:
+    """What a returned value is, in a few words: ``a str``, ``a float64 tensor of shape (3,)``."""
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        kind = "tensor" if type(value).__module__.startswith("torch") else "array"
+        dt = str(dtype).replace("torch.", "")
+        return f"{_a(dt)} {dt} {kind} of shape {tuple(shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"{_a(type(value).__name__)} {type(value).__name__}"
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
