@@ -318,3 +318,28 @@ def test_fedsam_updates_batchnorm_statistics_once_a_step(tiny):
                  quiet=True)
     buffers = np.load(os.path.join(result.run_dir, "final_buffers.npy"))
     assert buffers[-1] == 3  # 30 rows, batch 10: three steps, each counted once
+
+
+class FeaturesBetween(Algorithm):
+    """The documented order: outputs of the trained model, features of another, then backward."""
+
+    def client_train(self, task, ctx):
+        y, opt = ctx.x.clone(), ctx.optimizer()
+        for batch in ctx.batches():
+            logits, _, labels = ctx.outputs(y, batch)
+            _, other, _ = ctx.features(ctx.x, batch, ("repr",))
+            loss = ctx.loss(logits, labels) + 0.0 * other["repr"].sum()
+            opt.step(y, ctx.backward(loss))
+        return y, ClientResult({}, None)
+
+
+def test_features_of_another_model_between_outputs_and_backward_on_a_batchnorm_model(tiny):
+    """ctx.features between ctx.outputs and ctx.backward leaves the trained model's graph and
+    statistics as they were: the same bytes as plain SGD on the BatchNorm model."""
+    bn = ["model.name=examples.bn_model:BNNet", "local.batch_size=16",
+          "runtime.executor=inprocess"]
+    plain = run(TINY, [*tiny, *bn, "algorithm.name=tests.test_procedures:ProcedureSGD"],
+                quiet=True)
+    between = run(TINY, [*tiny, *bn, "algorithm.name=tests.test_procedures:FeaturesBetween"],
+                  quiet=True)
+    assert _sha(between) == _sha(plain)

@@ -8,6 +8,9 @@ them as one float32 vector, beside the parameters, so they travel, average and c
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import numpy as np
 import torch
 from torch import nn
@@ -65,6 +68,21 @@ class FlatModel:
             part = flat[offset:offset + n].view_as(b)
             b.copy_(part if b.is_floating_point() else torch.round(part))
             offset += n
+
+    @contextlib.contextmanager
+    def scratch_buffers(self) -> Iterator[None]:
+        """Run forwards on copies of the buffers, leaving the buffers themselves untouched: a
+        forward of another model in the middle of a step updates no BatchNorm statistic (and no
+        tensor a pending backward saved)."""
+        owners = [(m, name, b) for m in self.module.modules()
+                  for name, b in m.named_buffers(recurse=False)]
+        try:
+            for m, name, b in owners:
+                m._buffers[name] = b.clone()
+            yield
+        finally:
+            for m, name, b in owners:
+                m._buffers[name] = b
 
     def load(self, flat: torch.Tensor) -> None:
         """Set all parameters from a flat vector."""

@@ -126,12 +126,12 @@ class LocalContext:
         gradients, leaving the trained model's parameters and buffers as they were: a
         :meth:`backward` of a loss built before this call still differentiates at its point."""
         model = self._model()
-        saved, loaded = model.get_buffers(), model.w.clone()
+        loaded = model.w.clone()
         try:
-            return self.outputs(point, batch, features)
+            with model.scratch_buffers():
+                return self.outputs(point, batch, features)
         finally:
             model.load(loaded)
-            model.set_buffers(saved)
 
     def get_buffers(self) -> torch.Tensor:
         """The trained model's buffers now (BatchNorm statistics; empty when it has none): the
