@@ -15,7 +15,9 @@ from rayfl import schema
 from rayfl.algorithms import registry
 from rayfl.algorithms.base import Aggregate, ClientTask, ServerParams
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
+from rayfl.rng import client_stream
+from rayfl.runtime.harness import quadratic_client, simulate
+from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
 
@@ -284,7 +286,7 @@ def test_fedprox_large_mu_stays_near_start():
     for mu in (0.0, 15.0):
         algo = make("fedprox", mu=mu)
         out = run_client(algo, ClientTask(0, 0, ETA, 1.0, {"x": x_t}, None),
-                         ClientData(1, CLIENTS[0].grad_fn), spec, client_rng(0, 0, 0))
+                         ClientData(1, CLIENTS[0].grad_fn), spec, client_stream(0, 0, 0))
         moves[mu] = float(out.delta.norm())
     grad_norm = float((A[0] * x_t - B[0]).norm())
     # the prox point satisfies ‖y − x_t‖ = ‖(A + μI)⁻¹ ∇f(x_t)‖ ≤ ‖∇f(x_t)‖ / μ

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rayfl.runtime.inprocess import simulate
+from rayfl.runtime.harness import simulate
 from rayfl.runtime.local import LocalSpec
 from tests.test_algorithms_classic import (A, B, CLIENTS, ETA, F64, K, SPEC, X0, X_STAR,
                                            fedavg_fixed_point, make, run)
@@ -122,7 +122,7 @@ def test_qfedavg_favours_the_clients_with_higher_loss():
     clients_a, clients_b = A.clone(), B.clone()
     shift = torch.tensor([1.0, 2.0, 4.0, 8.0], dtype=F64)  # f_i + c_i: losses stay positive
 
-    from rayfl.runtime.inprocess import Client
+    from rayfl.runtime.harness import Client
 
     def client(i):
         def grad_fn(point, idx):

@@ -21,7 +21,7 @@ from rayfl.algorithms.fedmim import FedMIM, FedMIMParams
 from rayfl.algorithms.fedmsi import FedMSI, FedMSIParams, csr_to_dense, dense_graph, orient
 from rayfl.algorithms.fedopt import FedAdam
 from rayfl.algorithms.ima import IMA, IMAParams, start_round
-from rayfl.runtime.inprocess import quadratic_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
 

@@ -12,7 +12,7 @@ import torch
 
 import rayfl
 from rayfl.algorithms.apfl import APFL, APFLParams
-from rayfl.runtime.inprocess import quadratic_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from tests.conftest import TINY
 

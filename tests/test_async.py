@@ -17,7 +17,7 @@ from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.sampler import Sampler
 from rayfl.runtime.async_config import Settings, staleness_weight
 from rayfl.runtime.async_loop import AsyncLoop, Dispatcher
-from rayfl.runtime.inprocess import FunctionExecutor, quadratic_client, simulate
+from rayfl.runtime.harness import FunctionExecutor, quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.runtime.loop import RoundLoop
 from rayfl.schema import ConfigError

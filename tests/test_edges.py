@@ -21,7 +21,7 @@ from rayfl.algorithms.fedmsi import dense_graph, orient
 from rayfl.algorithms.ima import IMA, IMAParams
 from rayfl.cli import main
 from rayfl.compare import variant
-from rayfl.runtime.inprocess import quadratic_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec, batch_schedule, train_client
 from rayfl.schema import ConfigError
 from tests.conftest import ROOT, TINY

@@ -15,7 +15,9 @@ from rayfl.algorithms import registry, server_opt
 from rayfl.algorithms.base import ClientTask
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
+from rayfl.rng import client_stream
+from rayfl.runtime.harness import quadratic_client, simulate
+from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
 from rayfl.transforms import Chain, ClipUpdate, ClipParams, Identity
@@ -94,7 +96,7 @@ def test_clip_transform_clips_each_client_update_before_the_sum():
     state, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr, transforms=chain)
     # by hand: every client's Δ_i, clipped to norm S, weighted by n_i
     deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, c.n, {"x": x0()}, None),
-                         ClientData(c.n, c.grad_fn), spec, client_rng(0, 0, i)).delta for i, c in enumerate(cs)]
+                         ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i)).delta for i, c in enumerate(cs)]
     assert all(float(d.norm()) > s for d in deltas)  # the clip binds for every client
     clipped = [d * min(1.0, s / (float(d.norm()) + 1e-6)) for d in deltas]
     weights = [c.n for c in cs]

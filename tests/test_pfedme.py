@@ -11,7 +11,8 @@ import torch
 from rayfl.algorithms.base import ClientTask
 from rayfl.algorithms.pfedme import PFedMe, PFedMeParams
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.inprocess import quadratic_client, run_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
+from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 
 A, B = torch.tensor([1.0, 3.0]), torch.tensor([2.0, -1.0])  # f(z) = ½ a z² − b z per coordinate

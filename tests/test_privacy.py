@@ -20,7 +20,9 @@ from rayfl import config as config_mod, privacy
 from rayfl.algorithms.base import Aggregate, ClientTask
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.inprocess import client_rng, quadratic_client, run_client, simulate
+from rayfl.rng import client_stream
+from rayfl.runtime.harness import quadratic_client, simulate
+from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
 from rayfl.transforms import Chain, ClientContext
@@ -42,7 +44,7 @@ def test_every_client_contribution_is_clipped_and_the_mean_has_a_fixed_denominat
     state, _, _ = simulate(FedAvg(weighting="uniform"), x0, cs, spec, rounds=1, lr0=lr,
                            transforms=chain)
     deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, 1.0, {"x": x0}, None),
-                         ClientData(c.n, c.grad_fn), spec, client_rng(0, 0, i)).delta for i, c in enumerate(cs)]
+                         ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i)).delta for i, c in enumerate(cs)]
     assert all(float(d.norm()) > s for d in deltas)
     clipped = [d * (s / float(d.norm())) for d in deltas]
     assert all(float(c.norm()) <= s * (1 + 1e-12) for c in clipped)

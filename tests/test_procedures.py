@@ -20,7 +20,7 @@ from rayfl.data import prepare
 from rayfl.models import build_model
 from rayfl.models.flat import FlatModel
 from rayfl.runtime.context import BUFFERS
-from rayfl.runtime.inprocess import quadratic_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from tests.conftest import TINY
 

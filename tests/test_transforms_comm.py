@@ -12,7 +12,7 @@ import rayfl
 from rayfl import config as config_mod
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.scaffold import Scaffold
-from rayfl.runtime.inprocess import quadratic_client, simulate
+from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
 from rayfl.transforms import RESERVED, Chain, transforms_from_config

@@ -24,7 +24,7 @@ from rayfl import algorithms
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.inprocess import train_groups
+from rayfl.runtime.training import train_groups
 from rayfl.runtime.local import spec_from_config
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rayfl import rng
 from rayfl.algorithms.base import LocalRule
 from rayfl.metrics.client_eval import COLUMNS, ClientEvalLog, summary_columns
 from rayfl.models.metrics import correct_and_count
 from rayfl.runtime.local import LocalSpec, train_client
 
-SAMPLE_STREAM = 0xC11E  # purpose tag of the evaluated-client sample
-FINETUNE_STREAM = 0xF17E  # purpose tag of a client's fine-tuning minibatches
 
 
 @dataclass(frozen=True)
@@ -40,8 +39,8 @@ def eval_sample(holdout_sizes: np.ndarray, count: int, seed: int, t: int) -> np.
     (all of them when fewer), drawn without replacement by a generator keyed by (seed, t);
     sorted ids."""
     eligible = np.flatnonzero(np.asarray(holdout_sizes) > 0)
-    rng = np.random.default_rng([seed, t, SAMPLE_STREAM])
-    return np.sort(rng.choice(eligible, min(count, len(eligible)), replace=False))
+    draw = rng.stream(seed, t, rng.EVAL_SAMPLE)
+    return np.sort(draw.choice(eligible, min(count, len(eligible)), replace=False))
 
 
 def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_ids, t: int,
@@ -69,9 +68,9 @@ def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_id
                 idx_t = torch.from_numpy(idx).to(x.device)
                 return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
 
-            rng = np.random.default_rng([seed, t, int(client), FINETUNE_STREAM])
+            batches = rng.client_stream(seed, t, int(client), rng.FINETUNE)
             tuned, _, _ = train_client(LocalRule(), point, grad_fn, len(y), spec, finetune.lr,
-                                       rng)
+                                       batches)
             out[row, 4], out[row, 5] = _score(model, tuned, hx, hy, loss_fn, batch_size)
     return out
 

@@ -25,7 +25,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from rayfl import schema
@@ -34,11 +33,6 @@ from rayfl.schema import ConfigError, NoParams
 
 #: prefix of the broadcast and client-state keys that belong to transforms, not the algorithm
 RESERVED = "_transform"
-
-
-def client_rng(seed: int, t: int, client: int, purpose: int) -> np.random.Generator:
-    """The generator of one (seed, round, client, purpose): independent of actor placement."""
-    return np.random.default_rng([seed, t, client, purpose])
 
 
 @dataclass

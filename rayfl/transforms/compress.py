@@ -18,11 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl import schema
+from rayfl import rng, schema
 from rayfl.algorithms.base import Vec
-from rayfl.transforms import ClientContext, Transform, client_rng
+from rayfl.transforms import ClientContext, Transform
 
-QSGD_STREAM, RANDK_STREAM = 0xC5, 0xC6  # purpose tags
 INDEX_BYTES = 4
 
 
@@ -73,7 +72,7 @@ class QSGD(Compressor):
         s = self.levels
         scaled = v.double().abs() * (s / norm)
         low = torch.floor(scaled)
-        u = torch.from_numpy(client_rng(self.seed, t, client, QSGD_STREAM).random(v.numel()))
+        u = torch.from_numpy(rng.client_stream(self.seed, t, client, rng.QSGD).random(v.numel()))
         xi = low + (u < (scaled - low)).double()
         return (torch.sign(v.double()) * xi * (norm / s)).to(v.dtype)
 
@@ -126,8 +125,8 @@ class RandK(_Sparse):
     name = "randk"
 
     def indices(self, v: Vec, t: int, client: int) -> torch.Tensor:
-        rng = client_rng(self.seed, t, client, RANDK_STREAM)
-        return torch.from_numpy(rng.choice(v.numel(), self.k(v.numel()), replace=False))
+        draw = rng.client_stream(self.seed, t, client, rng.RANDK)
+        return torch.from_numpy(draw.choice(v.numel(), self.k(v.numel()), replace=False))
 
     def upload_bytes(self, numel: int, incoming: float) -> float:
         return self.k(numel) * incoming / numel

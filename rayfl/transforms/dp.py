@@ -24,12 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rayfl import schema
+from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.transforms import ClientContext, Transform
 
-NOISE_STREAM = 0xD9  # purpose tag of the update noise generator
-COUNT_STREAM = 0xDA  # purpose tag of the clipped-count noise generator
 
 
 @dataclass(frozen=True)
@@ -107,13 +105,13 @@ class GaussianDP(Transform):
 
     def noise(self, t: int, dim: int) -> np.ndarray:
         """Round t's noise vector (float64), std z·S per coordinate (z_Δ·S_t when adaptive)."""
-        rng = np.random.default_rng([self.seed, t, NOISE_STREAM])
-        return rng.standard_normal(dim) * (self.update_multiplier * self.clip)
+        draw = rng.stream(self.seed, t, rng.DP_NOISE)
+        return draw.standard_normal(dim) * (self.update_multiplier * self.clip)
 
     def count_estimate(self, centred: float, t: int) -> float:
         """b̃ = (Σ (b_i − ½) + N(0, σ_b²)) / K + ½."""
-        rng = np.random.default_rng([self.seed, t, COUNT_STREAM])
-        return (centred + rng.standard_normal() * self.count_noise) / self.p.expected_clients \
+        draw = rng.stream(self.seed, t, rng.DP_COUNT)
+        return (centred + draw.standard_normal() * self.count_noise) / self.p.expected_clients \
             + 0.5
 
     def aggregate(self, agg: Aggregate, t: int) -> Aggregate:

@@ -32,16 +32,13 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 
-from rayfl import schema
+from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.schema import ConfigError
-from rayfl.transforms import ClientContext, NoParams, Transform, client_rng
+from rayfl.transforms import ClientContext, NoParams, Transform
 
-ATTACKER_STREAM = 0xBAD  # purpose tag of who attacks
-NOISE_STREAM = 0xBAD1  # purpose tag of a Gaussian attacker's noise
 
 
 class RobustRule(Transform, abc.ABC):
@@ -190,7 +187,7 @@ class Attack(Transform):
     Params = AttackParams
 
     def is_attacker(self, client: int) -> bool:
-        return bool(np.random.default_rng([self.seed, client, ATTACKER_STREAM]).random()
+        return bool(rng.stream(self.seed, client, rng.ATTACKERS).random()
                     < self.p.fraction)
 
     def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
@@ -208,7 +205,8 @@ class Attack(Transform):
             return -delta
         if self.p.kind == "scale":
             return self.p.scale * delta
-        noise = client_rng(self.seed, t, client, NOISE_STREAM).standard_normal(delta.numel())
+        noise = rng.client_stream(self.seed, t, client, rng.ATTACK_NOISE).standard_normal(
+            delta.numel())
         return torch.from_numpy(noise * self.p.sigma).to(delta.dtype).to(delta.device)
 
     def __init__(self, params=None, seed: int = 0):

@@ -24,9 +24,9 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.schema import ConfigError
-from rayfl.transforms import Transform, client_rng
+from rayfl import rng
+from rayfl.transforms import Transform
 
-ROUND_STREAM = 0x5A  # purpose tag of randomised rounding
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class SecAgg(Transform):
         scaled = x * 2.0 ** self.frac_bits
         if self.p.randomized_rounding:
             low = torch.floor(scaled)
-            u = torch.from_numpy(client_rng(self.seed, t, client, ROUND_STREAM).random(
+            u = torch.from_numpy(rng.client_stream(self.seed, t, client, rng.SECAGG_ROUNDING).random(
                 delta.numel()))
             ints = low + (u < scaled - low).double()
         else:
