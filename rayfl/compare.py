@@ -5,8 +5,9 @@ Each entry of ``--algorithms`` is an algorithm name, optionally followed by serv
 settings for it in ``wrappers``, or its defaults; an entry without wrappers runs none). Every
 run keeps the base config but its ``algorithm`` section, which becomes ``{name: ...}`` with
 that algorithm's paper defaults; an
-algorithm class may adjust its own run with a ``compare_variant(raw) -> raw`` classmethod (FedMIM
-runs plain SGD at the same effective step size, its inertial step replacing local momentum).
+algorithm whose traits name ``compare_plain`` settings runs them at plain SGD's values at the
+same effective step size lr / (1 − momentum) (FedMIM: its inertial step replaces local
+momentum).
 ``aggregation.weighting`` stays the base's; at ``auto`` (the default) every algorithm gets its
 paper's weighting (degree for fedmsi), and a base ``degree`` becomes ``auto`` for the algorithms
 that do not define it.
@@ -44,16 +45,29 @@ def variant(base: dict, entry: str) -> dict:
     raw = dict(base)
     raw["algorithm"] = {"name": name}
     weighting = base.get("aggregation", {}).get("weighting", "auto")
-    defined = getattr(registry.resolve("algorithm", name), "extra_weightings", ())
-    if weighting not in ("auto", "samples", "uniform") + tuple(defined):
+    traits = registry.resolve("algorithm", name).traits
+    if weighting not in ("auto", "samples", "uniform") + tuple(traits.weightings):
         raw["aggregation"] = {**base["aggregation"], "weighting": "auto"}
-    adjust = getattr(registry.resolve("algorithm", name), "compare_variant", None)
-    if adjust is not None:
-        raw = adjust(raw)
+    raw = plain_sgd(raw, traits.compare_plain)
     configured = {e["name"]: e for e in base.get("wrappers") or []}
     raw["wrappers"] = [configured.get(w, {"name": w}) for w in wrappers]
     raw["name"] = f"{base.get('name', 'run')}-{entry}"
     return raw
+
+
+#: plain SGD's value of each local optimiser setting
+PLAIN = {"momentum": 0.0, "weight_decay": 0.0, "clip_norm": None, "optimizer": "sgd"}
+
+
+def plain_sgd(raw: dict, keys: tuple[str, ...]) -> dict:
+    """``raw`` with the ``local`` settings ``keys`` at plain SGD's values and the learning rate
+    at the same effective step size lr / (1 − momentum)."""
+    if not keys:
+        return raw
+    local = raw["local"]
+    rho = local.get("momentum", 0.0) or 0.0
+    return {**raw, "local": {**local, **{k: PLAIN[k] for k in keys},
+                             "lr": local["lr"] / (1 - rho)}}
 
 
 def plan(source, entries: list[str], overrides: list[str] | None = None,

@@ -144,86 +144,23 @@ def from_dict(raw: dict) -> Config:
         raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
                                    for e in raw["wrappers"]]}
     cfg = schema.build(Config, raw)
-    cls = cfg.algorithm.component()
-    check_weighting(cls, cfg)
-    cls.check_config(cfg.algorithm.params, cfg)
-    check_server_opt(cls, cfg)
-    check_privacy(cls, cfg)
-    check_personal(cls, cfg)
+    cfg.algorithm.component().check_config(cfg.algorithm.params, cfg)
     cfg.selection.component().check_config(cfg.selection.params, cfg)
+    from rayfl import compat
+    from rayfl.algorithms import wrapper
     from rayfl.transforms import check_run
 
     check_run(cfg)
-    from rayfl.algorithms import wrapper
-
     wrapper.check_run(cfg)
-    check_asynchronous(cls, cfg)
+    compat.check(cfg)
+    check_privacy(cfg)
     return cfg
 
 
-def check_personal(cls, cfg: Config) -> None:
-    """Fine-tuning the global model and a personalised algorithm's own model would both be a
-    client's ``personal_*`` score: one of them."""
-    from rayfl.algorithms.base import has
-
-    if cfg.eval.finetune_steps and has(cls, "personal_model"):
-        raise ConfigError("eval.finetune_steps", cfg.eval.finetune_steps,
-                          f"0 with {cfg.algorithm.name} (its own model of each client is the "
-                          "personal_* score of eval.clients)")
-
-
-def check_asynchronous(cls, cfg: Config) -> None:
-    """FedBuff/FedAsync only where their math holds (:mod:`rayfl.runtime.async_config`)."""
-    if cfg.aggregation.mode != "sync":
-        from rayfl.runtime.async_config import check_config
-
-        check_config(cls, cfg)
-
-
-def check_server_opt(cls, cfg: Config) -> None:
-    """A ``server_opt`` section only for algorithms whose server step takes one."""
-    if cfg.server_opt is None:
-        return
-    from rayfl.algorithms import registry
-
-    def takes(c) -> bool:
-        return c.accepts_server_opt and not c.is_preset()
-
-    if not takes(cls):
-        names = ", ".join(n for n in registry.names() if takes(registry.get(n)))
-        raise ConfigError("server_opt", schema.to_dict(cfg.server_opt),
-                          f"no server_opt with {cls.name} (algorithms that take one: {names}; "
-                          "fedavgm/fedadam/fedyogi/fedadagrad are fedavg presets)")
-
-
-def check_privacy(cls, cfg: Config) -> None:
-    """DP-FedAvg's assumptions: uniform sampling, unit weights, a server update that only
-    post-processes the noised mean."""
+def check_privacy(cfg: Config) -> None:
+    """The ``privacy`` section's own rules: the count's noise share, a reachable target ε."""
     if cfg.privacy is None:
         return
-    from rayfl.algorithms import registry
-    from rayfl.algorithms.checks import effective_weighting
-
-    if not cls.dp_post_processing:
-        ok = ", ".join(n for n in registry.names() if registry.get(n).dp_post_processing)
-        raise ConfigError("privacy", cls.name, f"an algorithm whose server only post-processes "
-                          f"the noised mean update ({ok}); {cls.name} sends or reads per-client "
-                          "quantities the mechanism does not privatise")
-    weighting = cfg.aggregation.weighting
-    if effective_weighting(cls, cfg) != "uniform":
-        raise ConfigError("aggregation.weighting", weighting,
-                          "uniform or auto with privacy (DP-FedAvg's fixed-denominator estimator gives "
-                          "every client weight 1)")
-    if cfg.availability.model != "always":
-        raise ConfigError("availability.model", cfg.availability.model,
-                          "always with privacy (the accountant assumes uniform client sampling)")
-    if cfg.availability.overcommit != 1.0:
-        raise ConfigError("availability.overcommit", cfg.availability.overcommit,
-                          "1 with privacy (the accountant models clients_per_round draws)")
-    if cfg.selection.name != "uniform":
-        raise ConfigError("selection.name", cfg.selection.name,
-                          "uniform with privacy (the accountant assumes uniform client "
-                          "sampling; loss-based selection also reads client data unprotected)")
     ad = cfg.privacy.adaptive_clip
     if ad is not None:
         sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20
@@ -240,23 +177,6 @@ def check_privacy(cls, cfg: Config) -> None:
         if first > target:
             raise ConfigError("privacy.target_epsilon", target,
                               f"at least one round's ε = {first:.4g} (raise it, or the noise)")
-
-
-def check_weighting(cls, cfg: Config) -> None:
-    """``aggregation.weighting`` must mean something for the algorithm (degree: fedmsi only)."""
-    weighting = cfg.aggregation.weighting
-    allowed = ("auto", "samples", "uniform") + tuple(cls.extra_weightings)
-    if weighting not in allowed:
-        raise ConfigError("aggregation.weighting", weighting,
-                          f"one of {', '.join(allowed)} with {cls.name} ({weighting} weighting "
-                          "is defined only for " + _definers(weighting) + ")")
-
-
-def _definers(weighting: str) -> str:
-    from rayfl.algorithms import registry
-
-    return ", ".join(n for n in registry.names()
-                     if weighting in registry.get(n).extra_weightings)
 
 
 def to_dict(cfg: Config) -> dict:

@@ -72,7 +72,7 @@ def combinations() -> str:
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     reasons: dict[tuple[str, str, str], list[str]] = {}  # (probe, key, expected) → algorithms
     for name in registry.names():
-        cells = [f"`{name}`", registry.get(name).paper_weighting]
+        cells = [f"`{name}`", registry.get(name).traits.weighting]
         for title, extra in PROBES:
             raw = {"data": {"dataset": "synthetic"}, "algorithm": {"name": name}}
             for section, values in extra.items():

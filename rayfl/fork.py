@@ -83,12 +83,15 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
     handle = _prepare(cfg)
-    algorithm = algorithms.build(cfg, handle.num_clients)
+    stack = algorithms.build(cfg, handle.num_clients)
+    source_stack = algorithms.build(source, handle.num_clients)
+    state = checkpoint.server_state(source_stack, ck, checkpoint.path_of(src_location))
     try:
-        ck["state"] = algorithm.fork_state(ck["state"], at,
-                                           algorithms.build(source, handle.num_clients))
+        ck["state"] = stack.fork(state, at, source_stack)
     except ValueError as e:
         raise ConfigError("--at", at, str(e)) from None
+    ck.pop("transforms", None)  # rayfl 0.1 kept them beside the state
+    ck.pop("buffers", None)
     _ensure_ray(cfg)
     rundir.check_new(run_dir)
     os.makedirs(run_dir, exist_ok=True)

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
-from rayfl.algorithms.checks import check_buffers, check_model
+from rayfl.algorithms.checks import check_model
+from rayfl import compat
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
@@ -180,7 +181,7 @@ def _prepare(cfg: Config):
 
     handle = prepare(cfg.data, cfg.seed)
     model = check_fits(cfg.model, handle)
-    check_buffers(cfg, model)
+    compat.check_model(cfg, model)
     check_model(cfg, model, handle)
     check_data(cfg, handle)
     check_regime(cfg.data, handle)

@@ -24,19 +24,26 @@ GENERIC: dict[str, tuple[Optional[str], dict[str, dict]]] = {
 }
 
 
+def search_space(cls) -> dict[str, dict] | None:
+    """The preset a component declares in its traits (``traits.search_space``; None: none)."""
+    space = getattr(getattr(cls, "traits", None), "search_space", None)
+    return {k: dict(v) for k, v in space.items()} if space else None
+
+
 def algorithm_preset(name: str) -> tuple[str, dict[str, dict]] | None:
-    """The preset an algorithm class declares (``search_space()``), named by the algorithm."""
-    search_space = getattr(registry.resolve("algorithm", name), "search_space", None)
-    return None if search_space is None else (name, search_space())
+    """The preset an algorithm declares, named by the algorithm."""
+    space = search_space(registry.resolve("algorithm", name))
+    return None if space is None else (name, space)
 
 
 def component_preset(kind: str, name: str) -> tuple[None, dict[str, dict]] | None:
-    """The preset a server wrapper or client selector declares (``search_space()``), for any
+    """The preset a server wrapper, client selector or aggregation transform declares, for any
     algorithm: its keys name the component too (``wrappers.ima.window`` adds IMA,
-    ``selection.name`` picks the selector; an aggregation transform's preset, below, adds its
-    entry the same way)."""
-    search_space = getattr(registry.resolve(kind, name), "search_space", None)
-    return None if search_space is None else (None, search_space())
+    ``selection.name`` picks the selector, ``aggregation.transforms.krum.byzantine`` adds a
+    Krum entry)."""
+    space = search_space(registry.resolve(kind, name) if kind != "transform"
+                         else transforms.REGISTRY[name])
+    return None if space is None else (None, space)
 
 
 # name -> (algorithm it belongs to, or None for any; {dotted key: parameter spec}); a user
@@ -46,21 +53,21 @@ PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
        if (p := algorithm_preset(name)) is not None},
     **{name: p for kind in ("wrapper", "selector") for name in registry.names(kind)
        if (p := component_preset(kind, name)) is not None},
-    **{name: (None, cls.search_space()) for name, cls in sorted(transforms.REGISTRY.items())
-       if hasattr(cls, "search_space")},
+    **{name: p for name in sorted(transforms.REGISTRY)
+       if (p := component_preset("transform", name)) is not None},
     **GENERIC,
 }
 
 
 def preset(name: str, base: dict) -> tuple[Optional[str], dict[str, dict]]:
-    """A preset by name: built-in, or the base config's own algorithm's ``search_space()``."""
+    """A preset by name: built-in, or the base config's own algorithm's (its traits)."""
     if name in PRESETS:
         return PRESETS[name]
     algo = base["algorithm"]["name"]
     found = algorithm_preset(algo) if name == algo else None
     if found is None:
         raise ConfigError("presets", name, "one of " + ", ".join(PRESETS) + ", or the base "
-                          "config's algorithm.name when its class defines search_space()")
+                          "config's algorithm.name when its traits declare a search_space")
     return found
 
 

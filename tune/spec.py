@@ -107,8 +107,8 @@ class StudySpec:
     presets: list[str] = field(factory=list, doc="ready search spaces: "
                                                  + ", ".join(space_mod.PRESETS) + "; or the "
                                                  "base config's algorithm.name (e.g. "
-                                                 "my_pkg.algo:MyAlgo) when its class defines "
-                                                 "search_space()")
+                                                 "my_pkg.algo:MyAlgo) when its traits declare "
+                                                 "a search_space")
     space: dict[str, Any] = field(
         factory=dict, doc="dotted config key → {type, low, high, log, step, choices, size} "
                           "(replaces a preset's entry for that key)")

@@ -5,23 +5,29 @@ from __future__ import annotations
 from rayfl.algorithms.base import Algorithm
 
 
-def build(cfg, num_clients: int) -> Algorithm:
-    """The configured algorithm (with its ``server_opt``), inside the configured ``wrappers``."""
+def build(cfg, num_clients: int):
+    """The run's :class:`~rayfl.layers.Stack`: the configured algorithm with its server
+    optimiser, the ``wrappers`` around it and the aggregation transforms."""
     from rayfl.algorithms import registry, server_opt
     from rayfl.algorithms.checks import effective_weighting
+    from rayfl.algorithms.wrapper import wrappers_of
+    from rayfl.layers import Facts, Stack
+    from rayfl.transforms import transforms_of
 
     cls = registry.get(cfg.algorithm.name)
     # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
     momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
-    weighting = effective_weighting(cls, cfg)
-    opt = None
-    if cfg.server_opt is not None:
+    algo = cls(cfg.algorithm.params, weighting=effective_weighting(cls, cfg),
+               num_clients=num_clients, local_momentum=momentum)
+    if cfg.server_opt is None:
+        opt = algo.default_server_opt()
+    else:
         o = cfg.server_opt
         lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
         opt = server_opt.build(o.name, lr, o.momentum, o.nesterov, o.beta1, o.beta2, o.tau,
                                o.v_init)
-    algo = cls(cfg.algorithm.params, weighting=weighting, num_clients=num_clients,
-               local_momentum=momentum, server_opt=opt)
-    from rayfl.algorithms.wrapper import wrap
+    facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
+    return Stack(algo, opt, wrappers_of(cfg, facts), transforms_of(cfg, facts))
 
-    return wrap(algo, cfg)
+
+__all__ = ["Algorithm", "build"]

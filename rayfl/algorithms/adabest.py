@@ -24,8 +24,7 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
-                                   ServerParams, State, Vec)
-from rayfl.algorithms.checks import reject_adam
+                                   ServerParams, ServerRound, Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -45,58 +44,60 @@ class _BiasRule(LocalRule):
         return g - self.correction  # g(y) − μ h_i
 
 
+@dataclass(frozen=True)
+class AdaBestState:
+    """The server's x̄ (the last round's client mean: deployed) and h = β (x̄_prev − x̄)."""
+
+    x_bar: Vec
+    h: Vec
+
+
 class AdaBest(Algorithm):
-    """Client state ``h`` (h_i) and ``t_last`` (t_i'); server state ``x_bar`` (x̄) and ``h``."""
+    """Client state ``h`` (h_i) and ``t_last`` (t_i'); server state x̄ and h."""
 
     name = "adabest"
-    synchronous_reason = ("h_i decays by the rounds since the client last trained, and the "
-                          "server's h differences consecutive round means x̄")
     Params = AdaBestParams
-    paper_weighting = "uniform"  # x̄ is the plain mean of the participants' models
-    dp_post_processing = True  # x̄ = x − Δ̄; h_i never leaves the client
-    client_state = {"h": "model", "t_last": "scalar"}
-    averaging_reason = ("it deploys x̄, the plain client mean, while IMA would average its next "
-                        "start x̄ − h")
+    traits = Traits(
+        weighting="uniform",  # x̄ is the plain mean of the participants' models
+        dp_post_processing=True,  # x̄ = x − Δ̄; h_i never leaves the client
+        client_state={"h": "model", "t_last": "scalar"},
+        capabilities={"extra_models"},
+        asynchronous="h_i decays by the rounds since the client last trained, and the server's "
+                     "h differences consecutive round means x̄",
+        averaging="it deploys x̄, the plain client mean, while IMA would average its next start "
+                  "x̄ − h",
+        adam="h_i accumulates the SGD displacement x_t − y_i that its correction −μ h_i is "
+             "scaled for",
+        search_space={"algorithm.beta": {"low": 0.7, "high": 0.999},
+                      "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}})
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.beta": {"low": 0.7, "high": 0.999},
-                "algorithm.mu": {"low": 1e-3, "high": 0.3, "log": True}}
+    def server_init(self, x0: Vec) -> AdaBestState:
+        return AdaBestState(x0.clone(), torch.zeros_like(x0))
 
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        reject_adam(cls.name, cfg, "h_i accumulates the SGD displacement x_t − y_i that its "
-                                   "correction −μ h_i is scaled for")
-
-    def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "x_bar": x0.clone(), "h": torch.zeros_like(x0)}
-
-    def client_begin(self, task: ClientTask) -> LocalRule:
-        if task.state is None:
-            return _BiasRule(torch.zeros_like(task.bc["x"]))
-        return _BiasRule(self.p.mu * task.state["h"])
-
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
-        g_i, cstate, t = task.bc["x"] - y, task.state, task.t  # g_i = x_t − y_i
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        cstate, t = task.state, task.t
+        correction = torch.zeros_like(task.bc["x"]) if cstate is None else \
+            self.p.mu * cstate["h"]
+        y = ctx.train(_BiasRule(correction))
+        g_i = task.bc["x"] - y  # g_i = x_t − y_i
         if cstate is None:  # h_i = 0, t_i' = −1: the first term vanishes
             h = g_i
         else:
             gap = max(t - int(cstate["t_last"].item()), 1)  # t − t_i'
             h = cstate["h"] / gap + g_i
         t_last = torch.tensor([t], dtype=y.dtype, device=y.device)
-        return ClientResult({}, {"h": h, "t_last": t_last})
+        return ClientResult(y, {}, {"h": h, "t_last": t_last})
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state: AdaBestState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return state, {}
-        x_bar = state["x"] - agg.delta_mean  # x̄ = mean(y_i)
-        h = self.p.beta * (state["x_bar"] - x_bar)  # h = β (x̄_prev − x̄)
-        x = state["x"] + self.server_lr * (x_bar - h - state["x"])  # η_g = 1: x̄ − h
-        return {**state, "x": x, "x_bar": x_bar, "h": h}, {"h_norm": float(h.norm())}
+            return x, state, {}
+        x_bar = x - agg.delta_mean  # x̄ = mean(y_i)
+        h = self.p.beta * (state.x_bar - x_bar)  # h = β (x̄_prev − x̄)
+        new = x + self.server_lr * (x_bar - h - x)  # η_g = 1: x̄ − h
+        return new, AdaBestState(x_bar, h), {"h_norm": float(h.norm())}
 
-    def deployed(self, state: State) -> Vec:
-        return state["x_bar"]
+    def deployed(self, x: Vec, state: AdaBestState) -> Vec:
+        return state.x_bar
 
-    def extra_models(self, state: State) -> dict[str, Vec]:
-        return {"next": state["x"]}
+    def extra_models(self, x: Vec, state: AdaBestState) -> dict[str, Vec]:
+        return {"next": x}

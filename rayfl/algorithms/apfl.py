@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Vec
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits, Vec
 
 
 @dataclass(frozen=True)
@@ -44,14 +44,10 @@ class APFL(Algorithm):
 
     name = "apfl"
     Params = APFLParams
-    client_state = {"v": "model", "alpha": "scalar"}
-    accepts_server_opt = True
-    dp_post_processing = True  # the uploaded w is FedAvg's local SGD; v_i never leaves the client
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.alpha": {"low": 0.0, "high": 1.0}}
+    # the uploaded w is FedAvg's local SGD; v_i never leaves the client
+    traits = Traits(client_state={"v": "model", "alpha": "scalar"}, server_opt=True,
+                    dp_post_processing=True, capabilities={"personal_model"},
+                    search_space={"algorithm.alpha": {"low": 0.0, "high": 1.0}})
 
     def client_train(self, task: ClientTask, ctx):
         w, opt = ctx.x.clone(), ctx.optimizer()
@@ -67,9 +63,9 @@ class APFL(Algorithm):
             v.sub_(ctx.lr * a * g)
             if self.p.adaptive:
                 a = (a - alpha_lr * torch.dot(gap, g)).clamp_(0.0, 1.0)
-        return w, ClientResult({}, {"v": v, "alpha": a})
+        return ClientResult(w, {}, {"v": v, "alpha": a})
 
-    def personal_model(self, state: dict | None, x: Vec, group=None):
+    def personal_model(self, state: dict | None, x: Vec, group=None, buffers=None):
         """α_i v_i + (1 − α_i) x (the global model before the client's first round)."""
         if state is None:
             return x, None

@@ -1,58 +1,47 @@
-"""The algorithm interface: client step, client state, server state and server update on flat vectors.
+"""The algorithm interface: six methods over flat vectors, a typed state, one record of traits.
 
 An algorithm is math, not plumbing. It sees flat parameter vectors (``torch.Tensor`` of shape
-``(d,)``) and small dicts of them; it never sees Ray, actors, files or models. The round loop
+``(d,)``) and its own state; it never sees Ray, actors, files, other layers or models. It is the
+innermost layer of a run's stack (:mod:`rayfl.layers`): server wrappers and aggregation
+transforms sit around it, each with its own slot of the state. Each round ``t`` the round loop
 (:mod:`rayfl.runtime.loop`):
 
-1. calls :meth:`Algorithm.server_init` once with the initial model ``x_0``;
-2. each round ``t`` calls :meth:`broadcast` (what every sampled client receives; ``bc["x"]`` is
-   the point local training starts from) and :meth:`aggregation_weights`;
-3. for each sampled client, wherever the executor runs it, one of two ways of writing a client:
+1. :meth:`Algorithm.broadcast` — what every sampled client receives from the server model ``x``
+   and the algorithm's own server state (``bc["x"]`` is where local training starts);
+   :meth:`Algorithm.aggregation_weights` — each sampled client's weight p_i;
+2. :meth:`Algorithm.client_train` — one client's local training, wherever an executor runs it,
+   over a :class:`~rayfl.runtime.context.LocalContext` (the model as a function of a flat
+   vector, the seeded minibatches, the local optimiser; ``ctx.train(rule)`` runs the fast
+   flat-vector loop under a :class:`LocalRule`): it returns a :class:`ClientResult` — the final
+   local model, what the client uploads (Δ_i = x − y_i unless it says otherwise), a payload
+   summed over clients and its new persistent state;
+3. the layers around it see and may change each upload (clipping, compression, DP, attacks);
+4. :meth:`Algorithm.server_update` — the new model and state from the round's
+   :class:`Aggregate`, stepping the server optimiser through ``srv.step(direction)``;
+5. :meth:`Algorithm.deployed` — the model evaluated, reported and saved.
 
-   - the flat-vector rule (the fast path for step corrections: SCAFFOLD, FedDyn, FedProx):
-     :meth:`client_begin` gives a :class:`LocalRule` (where to take the gradient, how to correct
-     it), the local optimizer runs ``K_i`` steps, then :meth:`client_end` returns the client's
-     payload (summed across clients) and its new persistent state;
-   - a client procedure (capability ``client_train(task, ctx) -> (y, ClientResult)``): the
-     algorithm runs the local loop itself over a
-     :class:`~rayfl.runtime.context.LocalContext` — the model as a function of a flat vector
-     (loss and gradient at any point, logits and named features), the seeded minibatches, the
-     local optimiser, parameter groups — and returns its final model ``y`` (Δ_i = x − y is
-     summed as usual) with its payload and new state, which may hold whole models.
+:meth:`Algorithm.server_init` gives the algorithm's own server state: a frozen dataclass (its
+``State``), or None when it keeps none; checkpoints, resume and fork store and check it by its
+structure. What the algorithm is and what it refuses is one :class:`Traits` record, read by the
+compatibility rules (:mod:`rayfl.compat`). Every payload value is *summed* over the round's
+completed clients (or collected row by row: :class:`Rows`): an algorithm that wants a weighted
+mean multiplies by ``task.weight`` and divides by ``agg.weight_sum``.
 
-   Both see the client's round as one :class:`ClientTask`;
-4. calls :meth:`server_update` with the :class:`Aggregate` of all payloads.
-
-Every payload value is *summed* over the round's completed clients: an algorithm that wants a
-weighted mean multiplies by ``task.weight`` in :meth:`client_end` and divides by
-``agg.weight_sum`` in :meth:`server_update`.
-
-Optional capabilities (methods an algorithm defines only when it needs them; the loop looks
-for them by name, see :func:`has`):
-
-- ``client_train(task, ctx) -> (y, ClientResult)``: a client procedure (above);
-- ``round_message(state, agg, t) -> dict`` and ``client_settle(state, message) -> state``: a
-  client-state update that needs the round's aggregate (ProxSkip's h_i update needs x_{t+1}):
-  after round t's server update the server computes the round's message, and every client
-  that trained in round t has ``client_settle`` applied to its state, with that message, when
-  it next takes part (before ``client_begin``/``client_train``) — exact under partial
-  participation, whatever happened in between (:mod:`rayfl.runtime.messages`);
-- ``client_setup(x, y) -> Vec`` and ``server_setup(state, client_ids, summaries) -> State``: a
-  one-off per-client summary sent before round 0 (fedmsi's similarity graph);
-- ``receive_client_models(state, client_ids, models) -> State``: the round's final local models
-  (rows in ``client_ids`` order), before :meth:`server_update` (fedmsi's anchors);
-- ``personal_model(state, x, group) -> (Vec, buffers or None)``: a personalised method's model
-  of one client from its persistent state (None: it never trained), the global model ``x`` and
-  ``group(name)``, the boolean mask of a parameter group; the per-client evaluation
-  (``eval.clients``) scores it in the ``personal_*`` columns beside the global model's (Ditto's
-  v_k, FedPer's own head on the global body).
+A few methods exist for the algorithms that need them, each declared in the traits
+(``capabilities``): ``extra_models(x, state)`` (further models to evaluate),
+``personal_model(state, x, group)`` (a personalised method's model of one client, scored by the
+per-client evaluation), ``client_setup(x, y)`` / ``server_setup(state, ids, summaries)`` (a
+one-off per-client summary before round 0: fedmsi's similarity graph) and
+``round_message(x, state, agg, t)`` / ``client_settle(state, message)`` (a client-state update
+that needs the round's aggregate, applied when the client next takes part: ProxSkip).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar, Mapping
 
 import torch
 
@@ -60,19 +49,77 @@ from rayfl import schema
 from rayfl.algorithms import server_opt as opt
 
 Vec = torch.Tensor
-State = dict[str, Any]
 
-#: the reserved broadcast / client-state entry holding model buffers (BatchNorm statistics)
-BUFFERS = "_model_buffers"
+#: what a ``client_state`` entry may be declared as (see :class:`Traits`)
+STATE_KINDS = ("model", "scalar", "buffers", "any")
+#: the optional capabilities an algorithm may declare (``Traits.capabilities``), and the
+#: methods each one means it defines
+CAPABILITIES = MappingProxyType({
+    "extra_models": ("extra_models",),
+    "personal_model": ("personal_model",),
+    "setup": ("client_setup", "server_setup"),
+    "settle": ("round_message", "client_settle"),
+})
 
-#: the optional capabilities an algorithm may define (see the module docstring)
-CAPABILITIES = ("client_train", "round_message", "client_settle", "client_setup",
-                "server_setup", "receive_client_models", "personal_model")
+
+def _frozen(mapping: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(mapping or {}))
 
 
-def has(algorithm: Any, capability: str) -> bool:
-    """Whether ``algorithm`` defines the optional ``capability`` (one of :data:`CAPABILITIES`)."""
-    return callable(getattr(algorithm, capability, None))
+@dataclass(frozen=True)
+class Traits:
+    """What an algorithm is, what it needs and what it refuses (with the reason), in one record.
+
+    Refusals are reasons: None accepts the combination, a string refuses it and is the reason
+    the one-line error gives. The compatibility rules (:mod:`rayfl.compat`) read this record; a
+    subclass derives its own with ``dataclasses.replace(Parent.traits, ...)``.
+    """
+
+    #: what ``aggregation.weighting: auto`` means (its paper's choice)
+    weighting: str = "samples"
+    #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
+    weightings: tuple[str, ...] = ()
+    #: the client's persistent state, typed: entry -> "model" (a vector shaped like x),
+    #: "scalar" (a one-element tensor), "buffers" (the model's buffers, None without) or "any";
+    #: every state a client returns is checked against it; empty: it keeps none
+    client_state: Mapping[str, str] = field(default_factory=dict)
+    #: its server step is x ← x − opt(D), so it takes any server optimiser (``server_opt``)
+    server_opt: bool = False
+    #: its server update reads only Δ̄, so it is post-processing of DP-FedAvg's noised mean
+    dp_post_processing: bool = False
+    #: model buffers (BatchNorm statistics): each client keeps its own in its state (FedBN);
+    #: False: clients start from the server's mean of the last round's client buffers
+    local_buffers: bool = False
+    #: the optional methods it defines (keys of :data:`CAPABILITIES`)
+    capabilities: frozenset[str] = frozenset()
+    #: why FedBuff / FedAsync are refused (None: its math holds when clients start from
+    #: different past models and the server applies them as they arrive)
+    asynchronous: str | None = "its math assumes synchronous rounds"
+    #: why models with buffers are refused
+    buffers: str | None = None
+    #: why averaging its server models over rounds (IMA) is undefined for it
+    averaging: str | None = None
+    #: why Adam as the local optimiser is refused
+    adam: str | None = None
+    #: why local momentum is refused (Adam is then refused too)
+    local_momentum: str | None = None
+    #: why any local optimiser setting beyond plain SGD (momentum, weight decay, clipping, Adam)
+    #: is refused: it takes plain steps of its own
+    plain_sgd: str | None = None
+    #: the tuner's preset: dotted run-config key -> parameter spec (``rayfl tune``)
+    search_space: Mapping[str, Mapping] = field(default_factory=dict)
+    #: local optimiser settings ``rayfl compare`` resets to plain SGD for it, at the same
+    #: effective step size lr / (1 − momentum) (its own step replaces local momentum)
+    compare_plain: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "client_state", _frozen(self.client_state))
+        object.__setattr__(self, "search_space", _frozen(self.search_space))
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+
+    def has(self, capability: str) -> bool:
+        """Whether the algorithm declares the optional ``capability``."""
+        return capability in self.capabilities
 
 
 @dataclass(frozen=True)
@@ -83,11 +130,10 @@ class ServerParams:
 
 
 class LocalRule:
-    """How one client's local step differs from plain SGD, fixed for the round.
-
-    The runtime computes ``g = ∇f_i(grad_point(y))`` (plus weight decay at ``y``), then feeds
-    ``direction(g, y)`` to the local optimizer (``y ← y − η_l · direction`` for plain SGD).
-    """
+    """How one client's local step differs from plain SGD, fixed for the round: the fast
+    flat-vector loop ``ctx.train(rule)`` computes ``g = ∇f_i(rule.grad_point(y))`` (plus weight
+    decay at ``y``) and feeds ``rule.direction(g, y, lr)`` to the local optimiser
+    (``y ← y − η_l · direction`` for plain SGD)."""
 
     def grad_point(self, y: Vec) -> Vec:
         """Where to evaluate the stochastic gradient (default: the iterate itself)."""
@@ -109,25 +155,46 @@ class ClientTask:
     t: int  # the round (0-based)
     lr: float  # η_l of the round
     weight: float  # un-normalised aggregation weight p_i
-    bc: dict[str, Vec]  # the round's broadcast; bc["x"] is where local training starts
-    state: dict[str, Vec] | None  # the client's persistent state (None: it never trained)
+    bc: dict[str, Vec]  # the algorithm's broadcast; bc["x"] is where local training starts
+    state: dict[str, Any] | None  # the client's persistent state (None: it never trained)
     num_steps: int | None = None  # K_i: the local steps of this round (None: not known)
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A payload entry collected client by client instead of summed (the server reads every
+    client's row: fedmsi keeps the round's final local models). In the :class:`Aggregate` it
+    is the :class:`Collected` rows of the clients that completed."""
+
+    value: Vec
+
+
+@dataclass(frozen=True)
+class Collected:
+    """A :class:`Rows` payload entry over the round: ``rows[k]`` is client ``ids[k]``'s."""
+
+    ids: list[int]
+    rows: Vec
 
 
 @dataclass
 class ClientResult:
-    """What one client hands back: payload to sum, new persistent state (None: keep none)."""
+    """What one client hands back: its final local model ``y_i``, its payload (summed over the
+    round's clients, or :class:`Rows`), its new persistent state (None: it keeps none) and what
+    it uploads (None: Δ_i = x − y_i; every layer, metric and rule sees the upload)."""
 
-    payload: dict[str, Any]
-    state: dict[str, Vec] | None
+    model: Vec
+    payload: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+    upload: Vec | None = None
 
 
 @dataclass
 class Aggregate:
     """The round's sums over completed clients, plus what the runtime derives from them.
 
-    ``delta_mean`` is Δ̄ = Σ w_i Δ_i / Σ w_i with Δ_i = x_start − y_i (start minus end).
-    ``extras`` holds the algorithm's own payload sums.
+    ``delta_mean`` is Δ̄ = Σ w_i Δ_i / Σ w_i of the uploads Δ_i (by default x_start − y_i).
+    ``extras`` holds the algorithm's own payload sums (:class:`Collected` for :class:`Rows`).
     """
 
     count: int  # |S_t| clients that completed
@@ -140,9 +207,36 @@ class Aggregate:
     extras: dict[str, Any]
     #: Σ w_i b_i / Σ w_i of the clients' model buffers after training (None: no buffers)
     buffers_mean: Vec | None = None
-    #: every completed client's Δ_i as sent (rows in completion order), only when a server
-    #: step needs them all (robust aggregation); None otherwise
+    #: every completed client's Δ_i as sent (rows in completion order), only when a layer reads
+    #: them all (robust aggregation); None otherwise
     updates: Vec | None = None
+
+
+class ServerRound:
+    """What a server update may use besides its own state: the round ``t``, the registered
+    clients ``num_clients`` and the server optimiser, stepped by :meth:`step` (its state is a
+    slot of its own, kept by the runtime)."""
+
+    def __init__(self, t: int, x: Vec, num_clients: int, optimizer: opt.ServerOpt,
+                 opt_state: Any):
+        self.t, self.x, self.num_clients = t, x, num_clients
+        self.optimizer, self.opt_state = optimizer, opt_state
+        self.metrics: dict[str, float] = {}
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the server optimiser has per-coordinate step sizes (FedAdam, FedYogi)."""
+        return self.optimizer.adaptive
+
+    def step(self, direction: Vec, x: Vec | None = None) -> Vec:
+        """x − opt(direction) (x: the round's model unless given); the optimiser's state and
+        metrics are updated."""
+        step, self.opt_state, self.metrics = self.optimizer.update(direction, self.opt_state)
+        return (self.x if x is None else x) - step
+
+    def restart_optimizer(self) -> None:
+        """Restart the server optimiser (IMA zeroes FedAdam's moments at t_s)."""
+        self.opt_state = self.optimizer.restart(self.x)
 
 
 class Algorithm:
@@ -150,47 +244,19 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     Params: ClassVar[type] = ServerParams
-    #: what ``aggregation.weighting: auto`` means for this algorithm (its paper's choice)
-    paper_weighting: ClassVar[str] = "samples"
-    #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
-    extra_weightings: ClassVar[tuple[str, ...]] = ()
-    #: the client's persistent state, typed: entry -> "model" (a vector shaped like x),
-    #: "scalar" (a one-element tensor), "buffers" (the model's buffers, None without) or "any" (a shape
-    #: of its own: a parameter group, a history); every state a client returns is checked
-    #: against it (:func:`check_client_state`); empty: the algorithm keeps no client state
-    client_state: ClassVar[dict[str, str]] = {}
-    #: the server step is x ← x − opt(D) for a server optimizer ``opt`` (``server_opt`` config)
-    accepts_server_opt: ClassVar[bool] = False
-    #: the server update reads only Δ̄ (no per-client payload or second moments), so it is
-    #: post-processing of DP-FedAvg's noised mean (``privacy`` section)
-    dp_post_processing: ClassVar[bool] = False
-    #: the math holds when clients start from different past models and the server applies
-    #: them as they arrive (``aggregation.mode`` fedbuff/fedasync): stateless clients and a
-    #: server update that reads only Δ̄
-    asynchronous_ok: ClassVar[bool] = False
-    #: why ``aggregation.mode`` fedbuff/fedasync is refused (when ``asynchronous_ok`` is False)
-    synchronous_reason: ClassVar[str] = "its math assumes synchronous rounds"
-    #: model buffers (BatchNorm statistics) of a client's model: False — every client starts
-    #: from the server's weighted mean of the last round's client buffers; True — each client
-    #: keeps its own in its state (FedBN), and the mean serves only the global model's
-    #: evaluation
-    local_buffers: ClassVar[bool] = False
-    #: why models with buffers are refused (None: accepted)
-    buffers_reason: ClassVar[str | None] = None
-    #: why averaging its server models over rounds (IMA) is undefined for it (None: it is not)
-    averaging_reason: ClassVar[str | None] = None
+    traits: ClassVar[Traits] = Traits()
 
     def __init__(self, params: Any = None, *, weighting: str = "samples", num_clients: int = 1,
-                 local_momentum: float = 0.0, server_opt: opt.ServerOpt | None = None):
+                 local_momentum: float = 0.0):
         self.p = params if params is not None else self.Params()
         self.server_lr = getattr(self.p, "server_lr", 1.0)  # a Params may omit η_g
         self.weighting = weighting
         self.num_clients = num_clients
         self.local_momentum = local_momentum  # ρ of local heavy-ball SGD (0: plain SGD)
-        self.server_opt = server_opt if server_opt is not None else self.default_server_opt()
 
     def default_server_opt(self) -> opt.ServerOpt:
-        """The server optimizer without a ``server_opt`` config: SGD with lr η_g."""
+        """The server optimiser without a ``server_opt`` section: SGD with lr η_g (FedAvgM,
+        FedAdam, ... fix their own)."""
         return opt.sgd(self.server_lr)
 
     def effective_steps(self, steps: int) -> float:
@@ -208,7 +274,8 @@ class Algorithm:
 
     @classmethod
     def check_config(cls, params: Any, cfg: Any) -> None:
-        """Rules that tie the algorithm to other config sections (raise ConfigError)."""
+        """Rules on its own hyper-parameters that involve other sections (raise ConfigError);
+        what its traits say is checked by :mod:`rayfl.compat`."""
 
     @classmethod
     def check_model(cls, params: Any, layout: Any, handle: Any) -> None:
@@ -216,82 +283,50 @@ class Algorithm:
         :class:`~rayfl.models.flat.Layout`) and to the data behind ``handle``, checked before
         anything starts (raise ConfigError)."""
 
-    @classmethod
-    def is_preset(cls) -> bool:
-        """Whether the class fixes its own server optimizer (FedAvgM, FedAdam, ...)."""
-        return cls.default_server_opt is not Algorithm.default_server_opt
+    # ----- the six methods -------------------------------------------------------------------
+    def server_init(self, x0: Vec) -> Any:
+        """The algorithm's own server state beside the model x_0 (a frozen dataclass; None:
+        it keeps none)."""
+        return None
 
-    # ----- server side -------------------------------------------------------------------
-    def server_init(self, x0: Vec) -> State:
-        """Initial server state; ``state["x"]`` is the global model x_0."""
-        return {"x": x0.clone(), **self.server_opt.init(x0)}
-
-    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
+    def broadcast(self, x: Vec, state: Any, t: int) -> dict[str, Vec]:
         """What every sampled client of round t receives; ``"x"`` is where training starts."""
-        return {"x": state["x"]}
+        return {"x": x}
 
-    def local_lr(self, t: int, lr0: float, decay: float) -> float:
-        """Client learning rate of round t (η_l(t) = η_0 · decay^t by default)."""
-        return lr0 * decay**t
-
-    def aggregation_weights(self, state: State, client_ids, num_samples) -> list[float]:
+    def aggregation_weights(self, state: Any, client_ids, num_samples) -> list[float]:
         """Un-normalised aggregation weights p_i for the sampled clients."""
         if self.weighting == "uniform":
             return [1.0] * len(client_ids)
         return [float(n) for n in num_samples]
 
-    def server_step(self, state: State, direction: Vec) -> tuple[State, dict]:
-        """``state`` after x ← x − opt(direction) (the server optimizer's state updated too)."""
-        step, opt_state, metrics = self.server_opt.update(direction, state)
-        return {**state, **opt_state, "x": state["x"] - step}, metrics
+    def client_train(self, task: ClientTask, ctx: Any) -> ClientResult:
+        """One client's local training (FedAvg: plain local SGD from ``task.bc["x"]``)."""
+        return ClientResult(ctx.train())
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        """FedAvg: x ← x − opt(Δ̄). Returns the new state and the algorithm's own metrics."""
+    def server_update(self, x: Vec, state: Any, agg: Aggregate,
+                      srv: ServerRound) -> tuple[Vec, Any, dict]:
+        """FedAvg: x ← x − opt(Δ̄). Returns the new model, the new state and its metrics."""
         if agg.count == 0:
-            return dict(state), {}
-        return self.server_step(state, agg.delta_mean)
+            return x, state, {}
+        return srv.step(agg.delta_mean), state, {}
 
-    def deployed(self, state: State) -> Vec:
+    def deployed(self, x: Vec, state: Any) -> Vec:
         """The model that is evaluated and reported (and saved as the final model)."""
-        return state["x"]
-
-    def extra_models(self, state: State) -> dict[str, Vec]:
-        """Further models worth evaluating each eval round, by metric prefix (e.g. AdaBest's x_{t+1})."""
-        return {}
-
-    def fork_state(self, state: State, next_round: int, source: "Algorithm") -> State:
-        """The server state a run forked from ``source``'s checkpoint continues with, from round
-        ``next_round`` on (``rayfl fork``); ValueError saying why when it cannot continue."""
-        expected = sorted(self.server_init(state["x"]))
-        if sorted(state) != expected:
-            raise ValueError(f"a server state with keys {expected} (the checkpoint holds "
-                             f"{sorted(state)}: another algorithm or server optimizer)")
-        return state
-
-    # ----- client side -------------------------------------------------------------------
-    def client_begin(self, task: ClientTask) -> LocalRule:
-        """The round's local rule for one client."""
-        return PLAIN_SGD
-
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
-        """Payload and new state after ``steps`` local steps ended at ``y``."""
-        return ClientResult({}, None)
+        return x
 
 
-#: what a ``client_state`` entry may be declared as
-STATE_KINDS = ("model", "scalar", "buffers", "any")
-
-
-def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> None:
-    """TypeError naming the algorithm and the entry when a client's returned ``state`` holds an
-    entry its ``client_state`` does not declare, or one of another shape than declared
-    (``dim``: the model's parameter count)."""
-    declared = algorithm.client_state
+def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> str | None:
+    """What is wrong with a client's returned ``state`` against the algorithm's declaration
+    (``dim``: the model's parameter count), or None: an entry it does not declare, or one of
+    another shape than declared."""
+    if not isinstance(state, dict):
+        return f"returned a state that is {_shape(state)}, not a dict of declared entries"
+    declared = algorithm.traits.client_state
     for key, value in state.items():
         kind = declared.get(key)
         numel = value.numel() if isinstance(value, torch.Tensor) else None
         if kind is None:
-            problem = f"is not declared (client_state: {dict(declared)})"
+            problem = f"is not declared (traits.client_state: {dict(declared)})"
         elif kind == "model" and (numel != dim or value.dim() != 1):
             problem = f"is declared 'model' but is {_shape(value)}, not a vector of {dim}"
         elif kind == "scalar" and numel != 1:
@@ -300,8 +335,8 @@ def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> None:
             problem = f"is declared 'buffers' but is {_shape(value)}, not a flat vector or None"
         else:
             continue
-        raise TypeError(f"{algorithm.name or type(algorithm).__name__}: client state entry "
-                        f"{key!r} {problem}")
+        return f"client state entry {key!r} {problem}"
+    return None
 
 
 def _shape(value: Any) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Vec
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits, Vec
 
 
 @dataclass(frozen=True)
@@ -34,14 +34,10 @@ class Ditto(Algorithm):
 
     name = "ditto"
     Params = DittoParams
-    client_state = {"v": "model", "v_buffers": "buffers"}
-    accepts_server_opt = True
-    dp_post_processing = True  # the global update is FedAvg's; v_k never leaves the client
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.lam": {"low": 1e-2, "high": 2.0, "log": True}}
+    traits = Traits(client_state={"v": "model", "v_buffers": "buffers"}, server_opt=True,
+                    dp_post_processing=True,  # the global update is FedAvg's; v_k stays local
+                    capabilities={"personal_model"},
+                    search_space={"algorithm.lam": {"low": 1e-2, "high": 2.0, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         w = ctx.x
@@ -57,9 +53,9 @@ class Ditto(Algorithm):
             v.add_(g + self.p.lam * (v - w), alpha=-ctx.lr)
         state = {"v": v, "v_buffers": ctx.get_buffers()}
         ctx.set_buffers(uploaded_buffers)
-        return y, ClientResult({}, state)
+        return ClientResult(y, {}, state)
 
-    def personal_model(self, state: dict | None, x: Vec, group=None):
+    def personal_model(self, state: dict | None, x: Vec, group=None, buffers=None):
         """v_k with its statistics (the global model before the client's first round)."""
         if state is None:
             return x, None

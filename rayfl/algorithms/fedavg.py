@@ -3,13 +3,12 @@ another server optimizer on Δ̄: the ``server_opt`` config section)."""
 
 from __future__ import annotations
 
-from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.base import Algorithm, Traits
 
 
 class FedAvg(Algorithm):
     """Stateless clients; Δ̄ is the weighted mean of x_t − y_i. Everything is the base default."""
 
     name = "fedavg"
-    accepts_server_opt = True
-    dp_post_processing = True
-    asynchronous_ok = True  # FedBuff and FedAsync are defined on it
+    # FedBuff and FedAsync are defined on it
+    traits = Traits(server_opt=True, dp_post_processing=True, asynchronous=None)

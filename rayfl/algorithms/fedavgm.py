@@ -9,6 +9,7 @@ weighted mean pseudo-gradient:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rayfl import schema
@@ -30,11 +31,8 @@ class FedAvgM(FedAvg):
 
     name = "fedavgm"
     Params = FedAvgMParams
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.momentum": {"low": 0.0, "high": 0.98}}
+    traits = dataclasses.replace(FedAvg.traits, search_space={
+        "algorithm.momentum": {"low": 0.0, "high": 0.98}})
 
     def default_server_opt(self) -> opt.ServerOpt:
         return opt.momentum(self.server_lr, self.p.momentum, self.p.nesterov)

@@ -11,6 +11,7 @@ by default (``algorithm.frozen``: any parameter group). Stateless.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rayfl import schema
@@ -32,10 +33,11 @@ class FedBABU(PartialModel):
 
     name = "fedbabu"
     Params = FedBABUParams
-    client_state = {}  # nothing of its own: the head never trains
+    # nothing of its own: the head never trains; personalised by fine-tuning
+    # (eval.finetune_steps), not kept; stateless clients, a server step on Δ̄
+    traits = dataclasses.replace(PartialModel.traits, client_state={}, capabilities=(),
+                                 asynchronous=None)
     group_keys = ("frozen",)
-    asynchronous_ok = True  # stateless clients, a server step on Δ̄
-    personal_model = None  # personalised by fine-tuning (eval.finetune_steps), not kept
 
     @property
     def personal_group(self) -> str | None:

@@ -12,6 +12,7 @@ is refused (FedBN would be FedAvg).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rayfl import schema
@@ -32,4 +33,5 @@ class FedBN(PartialModel):
 
     name = "fedbn"
     Params = FedBNParams
-    local_buffers = True  # each client trains with its own BatchNorm statistics
+    # each client trains with its own BatchNorm statistics
+    traits = dataclasses.replace(PartialModel.traits, local_buffers=True)

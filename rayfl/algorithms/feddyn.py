@@ -24,7 +24,7 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
-                                   ServerParams, State, Vec)
+                                   ServerParams, ServerRound, Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -43,44 +43,51 @@ class _DynRule(LocalRule):
         return g - self.g_hat + self.alpha * (y - self.x_t)  # g(y) − ĝ_i + α (y − x_t)
 
 
+@dataclass(frozen=True)
+class FedDynState:
+    """The server's h (the running mean of the clients' drift, scaled by α)."""
+
+    h: Vec
+
+
 class FedDyn(Algorithm):
-    """Client state ``g_hat`` (ĝ_i); server state ``h``."""
+    """Client state ``g_hat`` (ĝ_i); server state h."""
 
     name = "feddyn"
-    synchronous_reason = ("its server h and each client's ĝ_i follow the drift y_i − x_t of "
-                          "synchronous rounds: h sums one round's clients against the same x_t")
     Params = FedDynParams
-    client_state = {"g_hat": "model"}
-    accepts_server_opt = True
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.alpha": {"low": 1e-4, "high": 1.0, "log": True}}
+    traits = Traits(
+        client_state={"g_hat": "model"}, server_opt=True,
+        asynchronous="its server h and each client's ĝ_i follow the drift y_i − x_t of "
+                     "synchronous rounds: h sums one round's clients against the same x_t",
+        search_space={"algorithm.alpha": {"low": 1e-4, "high": 1.0, "log": True}})
 
     @property
     def reg(self) -> float:
         """The coefficient α of the linear-plus-proximal local term (FedSpeed's 1/λ)."""
         return self.p.alpha
 
-    def server_init(self, x0: Vec) -> State:
-        return {**super().server_init(x0), "h": torch.zeros_like(x0)}
+    def server_init(self, x0: Vec) -> FedDynState:
+        return FedDynState(torch.zeros_like(x0))
 
     @staticmethod
     def _g_hat(task: ClientTask) -> Vec:
         return task.state["g_hat"] if task.state is not None else torch.zeros_like(task.bc["x"])
 
-    def client_begin(self, task: ClientTask) -> LocalRule:
+    def rule(self, task: ClientTask) -> LocalRule:
+        """The round's corrected local step: g(y) − ĝ_i + α (y − x_t)."""
         return _DynRule(task.bc["x"], self._g_hat(task), self.reg)
 
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+    def result(self, task: ClientTask, y: Vec) -> ClientResult:
+        """ĝ_i ← ĝ_i − α (y − x_t) after the local steps ended at ``y``."""
         g_hat = self._g_hat(task) - self.reg * (y - task.bc["x"])
-        return ClientResult({}, {"g_hat": g_hat})
+        return ClientResult(y, {}, {"g_hat": g_hat})
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        return self.result(task, ctx.train(self.rule(task)))
+
+    def server_update(self, x: Vec, state: FedDynState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return state, {}
+            return x, state, {}
         alpha = self.reg
-        h = state["h"] + (alpha / self.num_clients) * agg.delta_sum
-        new, metrics = self.server_step(state, agg.delta_mean + h / alpha)
-        return {**new, "h": h}, {**metrics, "h_norm": float(h.norm())}
+        h = state.h + (alpha / self.num_clients) * agg.delta_sum
+        return srv.step(agg.delta_mean + h / alpha), FedDynState(h), {"h_norm": float(h.norm())}

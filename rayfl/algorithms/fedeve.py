@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, State, Vec
+from rayfl.algorithms.base import Aggregate, Algorithm, ServerParams, ServerRound, Traits, Vec
 
 
 @dataclass(frozen=True)
@@ -30,34 +30,42 @@ class FedEveParams(ServerParams):
     """FedEve hyper-parameters (only η_g; the paper adds none)."""
 
 
+@dataclass(frozen=True)
+class FedEveState:
+    """The Kalman filter's server momentum M and its variance s = σ_t²."""
+
+    M: Vec
+    s: float
+
+
 class FedEve(Algorithm):
-    """Server state: x (x_t), M, s. Broadcast is the prediction ŵ."""
+    """Server state: M, s (x is x_t). Broadcast is the prediction ŵ."""
 
     name = "fedeve"
-    synchronous_reason = ("its Kalman filter models the period drift between consecutive rounds' "
-                          "mean updates")
     Params = FedEveParams
-    averaging_reason = ("its clients start from the prediction x_t − η_g M, which would shift "
-                        "the IMA mean again")
+    traits = Traits(
+        asynchronous="its Kalman filter models the period drift between consecutive rounds' "
+                     "mean updates",
+        averaging="its clients start from the prediction x_t − η_g M, which would shift the "
+                  "IMA mean again")
 
-    def server_init(self, x0: Vec) -> State:
-        return {"x": x0.clone(), "M": torch.zeros_like(x0), "s": 0.0}
+    def server_init(self, x0: Vec) -> FedEveState:
+        return FedEveState(torch.zeros_like(x0), 0.0)
 
-    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
-        return {"x": state["x"] - self.server_lr * state["M"]}  # ŵ = x_t − η_g M
+    def broadcast(self, x: Vec, state: FedEveState, t: int) -> dict[str, Vec]:
+        return {"x": x - self.server_lr * state.M}  # ŵ = x_t − η_g M
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state: FedEveState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return state, {}
+            return x, state, {}
         n, d = agg.count, agg.delta_mean.numel()
-        M, D = state["M"], agg.delta_mean
+        M, D = state.M, agg.delta_mean
         q = float((M - D).double().pow(2).sum()) / (n * d)
         Dd = D.double()
         spread = agg.delta_sq_sum - 2 * float(Dd @ agg.delta_sum.double()) + n * float(Dd @ Dd)
         r = max(spread, 0.0) / (n * n * d)
-        s_hat = state["s"] + q
+        s_hat = state.s + q
         K = s_hat / (s_hat + r) if s_hat + r > 0 else 1.0
         M = (1 - K) * M + K * D
-        x = state["x"] - self.server_lr * M
-        new = {**state, "x": x, "M": M, "s": (1 - K) * s_hat}
-        return new, {"kalman_gain": K, "q": q, "r": r}
+        return x - self.server_lr * M, FedEveState(M, (1 - K) * s_hat), \
+            {"kalman_gain": K, "q": q, "r": r}

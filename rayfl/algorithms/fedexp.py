@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ClientTask, State, Vec
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, ServerRound,
+                                   Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -27,32 +28,37 @@ class FedExPParams:
                               "tasks)", lo=0.0)
 
 
+@dataclass(frozen=True)
+class FedExPState:
+    """x^{t−1}, the model before the last update (for the last-two average)."""
+
+    x_prev: Vec
+
+
 class FedExP(Algorithm):
     """FedAvg clients; the server extrapolates by η_g = max(1, mean‖Δ_i‖² / 2(‖Δ̄‖² + ε))."""
 
     name = "fedexp"
     Params = FedExPParams
+    traits = Traits(capabilities={"extra_models"},
+                    search_space={"algorithm.eps": {"low": 1e-4, "high": 1.0, "log": True}})
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.eps": {"low": 1e-4, "high": 1.0, "log": True}}
+    def server_init(self, x0: Vec) -> FedExPState:
+        return FedExPState(x0.clone())
 
-    def server_init(self, x0: Vec) -> State:
-        return {**super().server_init(x0), "x_prev": x0.clone()}
-
-    def extra_models(self, state: State) -> dict[str, Vec]:
+    def extra_models(self, x: Vec, state: FedExPState) -> dict[str, Vec]:
         """(x^t + x^{t−1}) / 2, the model the paper evaluates."""
-        return {"last_two": (state["x"] + state["x_prev"]) / 2}
+        return {"last_two": (x + state.x_prev) / 2}
 
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        y = ctx.train()
         delta = task.bc["x"] - y
-        return ClientResult({"weighted_sq": task.weight * float(delta @ delta)}, None)
+        return ClientResult(y, {"weighted_sq": task.weight * float(delta @ delta)})
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state: FedExPState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return dict(state), {}
+            return x, state, {}
         mean_sq = agg.extras["weighted_sq"] / agg.weight_sum
         d = agg.delta_mean
         eta = max(1.0, mean_sq / (2 * (float(d @ d) + self.p.eps)))
-        return {**state, "x": state["x"] - eta * d, "x_prev": state["x"]}, {"server_lr": eta}
+        return x - eta * d, FedExPState(x), {"server_lr": eta}

@@ -38,15 +38,15 @@ weight decay 1e-3, B = 50, E = 5.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
-                                   ServerParams, State, Vec)
-from rayfl.algorithms.checks import reject_adam
+                                   ServerParams, ServerRound, Traits, Vec)
 from rayfl.schema import ConfigError
 
 
@@ -110,40 +110,32 @@ class _MIMRule(LocalRule):
         return d if self.m_a is None else d + self.m_a / lr
 
 
+@dataclass(frozen=True)
+class FedMIMState:
+    """K, the mean local steps of the round that produced the newest increment, and (history
+    ``broadcast``) the J newest increments δ, newest first."""
+
+    LEGACY: ClassVar[dict[str, str]] = {"mim_k": "k", "mim_deltas": "deltas"}
+
+    k: Vec
+    deltas: Vec | None = None
+
+
 class FedMIM(Algorithm):
-    """Server state ``x`` plus, by history mode, the increments (broadcast) or the last K."""
+    """Server state: K and, by history mode, the increments (broadcast) or none."""
 
     name = "fedmim"
-    synchronous_reason = ("its inertial step is built from increments between consecutive "
-                          "synchronous global models")
     Params = FedMIMParams
-    paper_weighting = "uniform"
-    averaging_reason = "its increments δ are taken between un-averaged global models"
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.alpha": {"type": "weights", "low": 0.0, "high": 0.95},
-                "algorithm.beta": {"type": "weights", "low": 0.0, "high": 1.0}}
-
-    @classmethod
-    def compare_variant(cls, raw: dict) -> dict:
-        """``rayfl compare``'s run of FedMIM beside the others: its inertial step replaces local
-        momentum, so it runs plain SGD at the same effective step size lr / (1 − momentum)
-        (0.01 at momentum 0.9 → 0.1, the paper's η_0)."""
-        rho = raw["local"]["momentum"]
-        if not rho:
-            return raw
-        return {**raw, "local": {**raw["local"], "momentum": 0.0,
-                                 "lr": raw["local"]["lr"] / (1 - rho)}}
-
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        if cfg.local.momentum:
-            raise ConfigError("local.momentum", cfg.local.momentum,
-                              "0 with fedmim (its inertial step m_α is the momentum; local "
-                              "momentum would amplify it by 1/(1 − momentum))")
-        reject_adam(cls.name, cfg, "Adam would rescale the inertial step m_α/η_l per coordinate")
+    traits = Traits(
+        weighting="uniform", compare_plain=("momentum",),
+        asynchronous="its inertial step is built from increments between consecutive "
+                     "synchronous global models",
+        averaging="its increments δ are taken between un-averaged global models",
+        local_momentum="its inertial step m_α is the momentum; local momentum would amplify it "
+                       "by 1/(1 − momentum)",
+        adam="Adam would rescale the inertial step m_α/η_l per coordinate",
+        search_space={"algorithm.alpha": {"type": "weights", "low": 0.0, "high": 0.95},
+                      "algorithm.beta": {"type": "weights", "low": 0.0, "high": 1.0}})
 
     def __init__(self, params=None, **kw):
         super().__init__(params, **kw)
@@ -153,24 +145,25 @@ class FedMIM(Algorithm):
         self.J = len(self.alpha)
         self.scale = 1.0 - sum(self.alpha)  # A = 1 − Σα, the weight of the fresh gradient
         self.per_client = self.p.history == "participation"
-        # instance attribute: broadcast mode keeps no client state at all
-        self.client_state = ({"mim_x": "model", "mim_t": "scalar",
-                              **{f"mim_d{j}": "model" for j in range(1, self.J)}}
-                             if self.per_client else {})
+        # the history mode decides the client state: broadcast mode keeps none at all
+        if self.per_client:
+            self.traits = dataclasses.replace(type(self).traits, client_state={
+                "mim_x": "model", "mim_t": "scalar",
+                **{f"mim_d{j}": "model" for j in range(1, self.J)}})
 
     # ----- server ------------------------------------------------------------------------
-    def server_init(self, x0: Vec) -> State:
-        state = {"x": x0.clone(), "mim_k": torch.ones((), dtype=torch.float64)}
-        if not self.per_client:
-            state["mim_deltas"] = torch.zeros((0, x0.numel()), dtype=x0.dtype)  # newest first
-        return state
-
-    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
-        bc = {"x": state["x"]}
+    def server_init(self, x0: Vec) -> FedMIMState:
+        k = torch.ones((), dtype=torch.float64)
         if self.per_client:
-            bc["mim_k"] = state["mim_k"]
+            return FedMIMState(k)
+        return FedMIMState(k, torch.zeros((0, x0.numel()), dtype=x0.dtype))  # newest first
+
+    def broadcast(self, x: Vec, state: FedMIMState, t: int) -> dict[str, Vec]:
+        bc = {"x": x}
+        if self.per_client:
+            bc["mim_k"] = state.k
             return bc
-        deltas = list(state["mim_deltas"])
+        deltas = list(state.deltas)
         m_a, m_b = _combine(self.alpha, deltas), _combine(self.beta, deltas)
         if m_a is not None:
             bc["mim_ma"] = m_a
@@ -178,16 +171,17 @@ class FedMIM(Algorithm):
             bc["mim_mb"] = m_b
         return bc
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        new, metrics = super().server_update(state, agg, t)  # x ← x − η_g Δ̄
+    def server_update(self, x: Vec, state: FedMIMState, agg: Aggregate, srv: ServerRound):
+        new_x, _, metrics = super().server_update(x, state, agg, srv)  # x ← x − η_g Δ̄
         k = agg.extras["wk"] / agg.weight_sum if agg.count else 0.0  # K = Σ p_i K_i
-        new["mim_k"] = torch.tensor(k if k > 0 else 1.0, dtype=torch.float64)
+        new = FedMIMState(torch.tensor(k if k > 0 else 1.0, dtype=torch.float64))
         if not self.per_client:
-            delta = ((state["x"] - new["x"]) / float(k) if k > 0
-                     else torch.zeros_like(state["x"]))  # δ_{t+1} = (x_t − x_{t+1})/K
-            new["mim_deltas"] = torch.cat([delta[None], state["mim_deltas"][:self.J - 1]])
+            delta = ((x - new_x) / float(k) if k > 0
+                     else torch.zeros_like(x))  # δ_{t+1} = (x_t − x_{t+1})/K
+            new = dataclasses.replace(new, deltas=torch.cat([delta[None],
+                                                             state.deltas[:self.J - 1]]))
             metrics = {**metrics, "mim_delta_norm": float(delta.norm())}
-        return new, metrics
+        return new_x, new, metrics
 
     # ----- client ------------------------------------------------------------------------
     def _client_deltas(self, bc, cstate, t) -> list[Vec | None]:
@@ -199,19 +193,17 @@ class FedMIM(Algorithm):
         newest = (cstate["mim_x"] - bc["x"]) / float(k * gap) if gap > 0 else None
         return [newest] + [cstate[f"mim_d{j}"] for j in range(1, self.J)]
 
-    def client_begin(self, task: ClientTask) -> LocalRule:
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
         bc = task.bc
         if self.per_client:
             deltas = self._client_deltas(bc, task.state, task.t)
             m_a, m_b = _combine(self.alpha, deltas), _combine(self.beta, deltas)
         else:
             m_a, m_b = bc.get("mim_ma"), bc.get("mim_mb")
-        return _MIMRule(m_a, m_b, self.scale)
-
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
-        payload = {"wk": task.weight * steps}
+        y = ctx.train(_MIMRule(m_a, m_b, self.scale))
+        payload = {"wk": task.weight * ctx.steps}
         if not self.per_client:
-            return ClientResult(payload, None)
+            return ClientResult(y, payload)
         bc, t = task.bc, task.t
         deltas = self._client_deltas(bc, task.state, t)
         x = bc["x"]
@@ -219,4 +211,4 @@ class FedMIM(Algorithm):
         for j in range(1, self.J):  # keep the J − 1 newest increments for the next visit
             d = deltas[j - 1]
             new[f"mim_d{j}"] = d.clone() if d is not None else torch.zeros_like(x)
-        return ClientResult(payload, new)
+        return ClientResult(y, payload, new)

@@ -38,14 +38,17 @@ client models.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientTask, LocalRule, ServerParams, State, Vec
+from rayfl.algorithms.base import (PLAIN_SGD, Aggregate, Algorithm, ClientResult, ClientTask,
+                                   Collected, LocalRule, Rows, ServerParams, ServerRound, Traits,
+                                   Vec)
 
 MIS_FLOOR = 1e-12
 _BLOCK_ELEMS = 1 << 24  # similarity entries per block when building the kNN graph
@@ -165,15 +168,38 @@ class _PerturbRule(LocalRule):
         return y * self.beta + self.shift
 
 
+@dataclass(frozen=True)
+class FedMSIState:
+    """x_0; after the set-up, the similarity graph (dense ``A``, or CSR ``crow``/``col``/``val``
+    for the kNN graph) over the client ``ids`` and the degrees; after a round, the previous
+    participants' final models and the A entries their anchors need."""
+
+    LEGACY: ClassVar[dict[str, str]] = {f"msi_{k}": k for k in (
+        "x0", "ids", "A", "crow", "col", "val", "deg", "prev", "row", "col_idx", "w")}
+
+    x0: Vec
+    ids: Vec | None = None  # sorted; graph rows follow this order
+    A: Vec | None = None
+    crow: Vec | None = None
+    col: Vec | None = None
+    val: Vec | None = None
+    deg: Vec | None = None
+    prev: Vec | None = None  # |S_{t−1}| × d
+    row: Vec | None = None  # (client id, model index, A value) of the anchors' entries
+    col_idx: Vec | None = None
+    w: Vec | None = None
+
+
 class FedMSI(Algorithm):
-    """Server state: x, x_0, the graph (dense ``msi_A`` or CSR), degrees, last round's models."""
+    """Server state: :class:`FedMSIState`; broadcast: x and the previous round's models."""
 
     name = "fedmsi"
-    synchronous_reason = "its anchors are the final models of the previous round's participants"
     Params = FedMSIParams
-    accepts_server_opt = True
-    paper_weighting = "degree"
-    extra_weightings = ("degree",)
+    traits = Traits(
+        weighting="degree", weightings=("degree",), server_opt=True,
+        capabilities={"setup"},
+        asynchronous="its anchors are the final models of the previous round's participants",
+        search_space={"algorithm.beta": {"low": 0.3, "high": 1.0}})
 
     @classmethod
     def check_config(cls, params: FedMSIParams, cfg) -> None:
@@ -184,40 +210,30 @@ class FedMSI(Algorithm):
                                      "graph is used above algorithm.dense_max_clients)")
 
     # ----- set-up ------------------------------------------------------------------------
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.beta": {"low": 0.3, "high": 1.0}}
-
     def client_setup(self, x, y) -> Vec:
         """m_i: unit top right-singular vector of the raw inputs (the server re-checks the sign)."""
         return orient(top_singular_vector(x)[None])[0]
 
-    def server_setup(self, state: State, client_ids, summaries: Vec) -> State:
+    def server_setup(self, state: FedMSIState, client_ids, summaries: Vec) -> FedMSIState:
         ids = torch.as_tensor(np.asarray(client_ids), dtype=torch.long).reshape(-1)
         order = torch.argsort(ids)
         ids = ids[order]
         m = orient(torch.as_tensor(summaries)[order])
-        new = dict(state)
-        new["msi_ids"] = ids  # sorted; graph rows follow this order
         if len(ids) <= self.p.dense_max_clients:
             a = dense_graph(m)
-            new["msi_A"] = a
-            new["msi_deg"] = a.sum(dim=1)
-        else:
-            crow, col, val = knn_graph(m, self.p.knn)
-            new["msi_crow"], new["msi_col"], new["msi_val"] = crow, col, val
-            rows = torch.repeat_interleave(torch.arange(len(ids)), crow[1:] - crow[:-1])
-            new["msi_deg"] = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, rows, val)
-        return new
+            return dataclasses.replace(state, ids=ids, A=a, deg=a.sum(dim=1))
+        crow, col, val = knn_graph(m, self.p.knn)
+        rows = torch.repeat_interleave(torch.arange(len(ids)), crow[1:] - crow[:-1])
+        deg = torch.zeros(len(ids), dtype=torch.float64).index_add_(0, rows, val)
+        return dataclasses.replace(state, ids=ids, crow=crow, col=col, val=val, deg=deg)
 
-    def server_init(self, x0: Vec) -> State:
-        return {**super().server_init(x0), "msi_x0": x0.clone()}
+    def server_init(self, x0: Vec) -> FedMSIState:
+        return FedMSIState(x0.clone())
 
     # ----- graph access ------------------------------------------------------------------
     @staticmethod
-    def _positions(state: State, client_ids) -> torch.Tensor:
-        ids = state["msi_ids"]
+    def _positions(state: FedMSIState, client_ids) -> torch.Tensor:
+        ids = state.ids
         want = torch.as_tensor(np.asarray(client_ids), dtype=torch.long).reshape(-1)
         pos = torch.searchsorted(ids, want)
         if (pos >= len(ids)).any() or (ids[pos.clamp(max=len(ids) - 1)] != want).any():
@@ -225,31 +241,29 @@ class FedMSI(Algorithm):
         return pos
 
     @staticmethod
-    def _row(state: State, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _row(state: FedMSIState, p: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Neighbour positions and A values of graph row ``p`` (non-zero entries only)."""
-        if "msi_A" in state:
-            row = state["msi_A"][p]
+        if state.A is not None:
+            row = state.A[p]
             nz = torch.nonzero(row).reshape(-1)
             return nz, row[nz]
-        lo, hi = int(state["msi_crow"][p]), int(state["msi_crow"][p + 1])
-        return state["msi_col"][lo:hi], state["msi_val"][lo:hi]
+        lo, hi = int(state.crow[p]), int(state.crow[p + 1])
+        return state.col[lo:hi], state.val[lo:hi]
 
-    def aggregation_weights(self, state: State, client_ids, num_samples) -> list[float]:
+    def aggregation_weights(self, state: FedMSIState, client_ids, num_samples) -> list[float]:
         if self.weighting != "degree":
             return super().aggregation_weights(state, client_ids, num_samples)
-        if "msi_deg" not in state:
+        if state.deg is None:
             raise RuntimeError("fedmsi: degree weighting needs server_setup (the similarity graph)")
-        return [float(v) for v in state["msi_deg"][self._positions(state, client_ids)]]
+        return [float(v) for v in state.deg[self._positions(state, client_ids)]]
 
     # ----- round -------------------------------------------------------------------------
-    def receive_client_models(self, state: State, client_ids, models: Vec) -> State:
+    def anchors(self, state: FedMSIState, client_ids, models: Vec) -> FedMSIState:
         """Keep the round's final models and the A entries (i, j ∈ S_t) the anchors need."""
-        new = dict(state)
-        for k in ("msi_prev", "msi_row", "msi_col_idx", "msi_w"):
-            new.pop(k, None)
-        if "msi_ids" not in state or len(client_ids) == 0:
+        new = dataclasses.replace(state, prev=None, row=None, col_idx=None, w=None)
+        if state.ids is None or len(client_ids) == 0:
             return new
-        ids = state["msi_ids"]
+        ids = state.ids
         rows, cols, vals = [], [], []
         for c, p in enumerate(self._positions(state, client_ids).tolist()):
             nbr, a = self._row(state, p)  # A symmetric: column p of A = row p
@@ -258,17 +272,22 @@ class FedMSI(Algorithm):
             vals.append(a)
         row, col, val = torch.cat(rows), torch.cat(cols), torch.cat(vals)
         order = torch.argsort(row * len(client_ids) + col)  # by client id, then model index
-        new["msi_prev"] = models.clone()
-        new["msi_row"], new["msi_col_idx"], new["msi_w"] = row[order], col[order], val[order]
-        return new
+        return dataclasses.replace(new, prev=models.clone(), row=row[order],
+                                   col_idx=col[order], w=val[order])
 
-    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
-        bc = {"x": state["x"]}
-        if "msi_prev" in state:
-            for k in ("msi_prev", "msi_row", "msi_col_idx", "msi_w"):
-                bc[k] = state[k]
+    def server_update(self, x: Vec, state: FedMSIState, agg: Aggregate, srv: ServerRound):
+        models = agg.extras.get("y")
+        if isinstance(models, Collected):
+            state = self.anchors(state, models.ids, models.rows)
+        return super().server_update(x, state, agg, srv)
+
+    def broadcast(self, x: Vec, state: FedMSIState, t: int) -> dict[str, Vec]:
+        bc = {"x": x}
+        if state.prev is not None:
+            bc.update(msi_prev=state.prev, msi_row=state.row, msi_col_idx=state.col_idx,
+                      msi_w=state.w)
             if self.p.anchor_fallback == "x0":
-                bc["msi_x0"] = state["msi_x0"]
+                bc["msi_x0"] = state.x0
         return bc
 
     def anchor(self, bc: dict[str, Vec], client_id: int) -> Vec:
@@ -287,8 +306,9 @@ class FedMSI(Algorithm):
         prev = bc["msi_prev"][bc["msi_col_idx"][lo:hi]]
         return (w.to(prev.dtype) @ prev) / total
 
-    def client_begin(self, task: ClientTask) -> LocalRule:
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
         beta = self.p.beta
-        if beta == 1.0:  # FedAvg exactly
-            return LocalRule()
-        return _PerturbRule(beta, self.anchor(task.bc, task.client_id))
+        rule = PLAIN_SGD if beta == 1.0 else \
+            _PerturbRule(beta, self.anchor(task.bc, task.client_id))  # β = 1: FedAvg exactly
+        y = ctx.train(rule)
+        return ClientResult(y, {"y": Rows(y)})

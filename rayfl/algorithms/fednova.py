@@ -19,8 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, ServerParams,
-                                   State, Vec)
-from rayfl.algorithms.checks import reject_adam
+                                   ServerRound, Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -32,24 +31,22 @@ class FedNova(Algorithm):
     """Normalised averaging; stateless clients and server (beyond x)."""
 
     name = "fednova"
-    synchronous_reason = ("τ_eff = Σ p_i a_i normalises one round's updates, all started from the "
-                          "same x_t")
     Params = FedNovaParams
+    traits = Traits(
+        asynchronous="τ_eff = Σ p_i a_i normalises one round's updates, all started from the "
+                     "same x_t",
+        adam="the normaliser a_i is the total weight SGD gives the K_i local gradients")
 
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        reject_adam(cls.name, cfg, "the normaliser a_i is the total weight SGD gives the K_i "
-                                   "local gradients")
-
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
-        a, weight = self.effective_steps(steps), task.weight
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        y = ctx.train()
+        a, weight = self.effective_steps(ctx.steps), task.weight
         delta = task.bc["x"] - y
         d = delta / a if a > 0 else torch.zeros_like(delta)  # d_i = Δ_i / a_i
-        return ClientResult({"wa": weight * a, "wd": weight * d}, None)
+        return ClientResult(y, {"wa": weight * a, "wd": weight * d})
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return state, {}
+            return x, state, {}
         tau_eff = agg.extras["wa"] / agg.weight_sum  # τ_eff = Σ p_i a_i
         d = agg.extras["wd"] / agg.weight_sum  # Σ p_i d_i
-        return {**state, "x": state["x"] - self.server_lr * tau_eff * d}, {"tau_eff": tau_eff}
+        return x - self.server_lr * tau_eff * d, state, {"tau_eff": tau_eff}

@@ -20,13 +20,15 @@ global test accuracy. λ = 0 is local training.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import Aggregate, ClientResult, ClientTask, ServerParams, State
+from rayfl.algorithms.base import (Aggregate, ClientResult, ClientTask, ServerParams, ServerRound,
+                                   Vec)
 from rayfl.algorithms.partial import PartialModel
 from rayfl.schema import ConfigError
 
@@ -41,23 +43,30 @@ class FedProtoParams(ServerParams):
                               lo=0.0)
 
 
+@dataclass(frozen=True)
+class FedProtoState:
+    """The global prototypes C̄ (C × d once a round has reported) and which classes have one
+    (x is never updated)."""
+
+    protos: Vec
+    known: Vec
+
+
 class FedProto(PartialModel):
     """Whole models kept by the clients; class prototypes averaged by the server."""
 
     name = "fedproto"
     Params = FedProtoParams
-    local_buffers = True  # the whole model is the client's, its statistics too
+    # the whole model is the client's, its statistics too; the server reads per-class sums of
+    # representations (no DP post-processing)
+    traits = dataclasses.replace(
+        PartialModel.traits, local_buffers=True, dp_post_processing=False,
+        search_space={"algorithm.lam": {"low": 1e-2, "high": 10.0, "log": True}})
     group_keys = ()
-    dp_post_processing = False  # the server reads per-class sums of representations
 
     @property
     def personal_group(self) -> str:
         return "*"
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.lam": {"low": 1e-2, "high": 10.0, "log": True}}
 
     @classmethod
     def check_model(cls, params, layout, handle) -> None:
@@ -66,23 +75,21 @@ class FedProto(PartialModel):
                               "for this dataset (class prototypes need one class label per "
                               "row)")
 
-    def server_init(self, x0):
-        """x (never updated), the global prototypes C̄ (C × d once a round has reported) and
-        which classes have one."""
-        return {**super().server_init(x0), "protos": x0.new_zeros(0), "known": x0.new_zeros(0)}
+    def server_init(self, x0: Vec) -> FedProtoState:
+        return FedProtoState(x0.new_zeros(0), x0.new_zeros(0))
 
-    def broadcast(self, state: State, t: int):
-        return {"x": state["x"], "protos": state["protos"], "known": state["known"]}
+    def broadcast(self, x: Vec, state: FedProtoState, t: int):
+        return {"x": x, "protos": state.protos, "known": state.known}
 
-    def server_update(self, state: State, agg: Aggregate, t: int):
+    def server_update(self, x: Vec, state: FedProtoState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return dict(state), {}
+            return x, state, {}
         sums, counts = agg.extras["proto_sum"], agg.extras["proto_count"]
         held = counts > 0
-        protos = state["protos"].clone() if state["protos"].numel() else torch.zeros_like(sums)
+        protos = state.protos.clone() if state.protos.numel() else torch.zeros_like(sums)
         protos[held] = sums[held] / counts[held].unsqueeze(1)
-        known = state["known"] if state["known"].numel() else torch.zeros_like(counts)
-        return {**state, "protos": protos, "known": torch.maximum(known, held.to(known))}, \
+        known = state.known if state.known.numel() else torch.zeros_like(counts)
+        return x, FedProtoState(protos, torch.maximum(known, held.to(known))), \
             {"prototypes": float(held.sum())}
 
     def client_train(self, task: ClientTask, ctx):
@@ -98,8 +105,9 @@ class FedProto(PartialModel):
                 loss = loss + self.p.lam * torch.nn.functional.mse_loss(z, target)
             opt.step(y, ctx.backward(loss))
         sums, counts = local_prototypes(ctx, y)
-        upload, result = self.finish(ctx, y)
-        return upload, ClientResult({"proto_sum": sums, "proto_count": counts}, result.state)
+        result = self.finish(ctx, y)
+        return ClientResult(result.model, {"proto_sum": sums, "proto_count": counts},
+                            result.state)
 
 
 def local_prototypes(ctx, y) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientTask, LocalRule, ServerParams, Vec
+from rayfl.algorithms.base import (Algorithm, ClientResult, ClientTask, LocalRule,
+                                   ServerParams, Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,9 @@ class FedProx(Algorithm):
 
     name = "fedprox"
     Params = FedProxParams
-    accepts_server_opt = True
-    dp_post_processing = True  # the proximal term is the client's own computation
-    asynchronous_ok = True  # FedAsync's local objective is this proximal one
+    # the proximal term is the client's own computation; FedAsync's local objective is this one
+    traits = Traits(server_opt=True, dp_post_processing=True, asynchronous=None,
+                    search_space={"algorithm.mu": {"low": 1e-4, "high": 1.0, "log": True}})
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.mu": {"low": 1e-4, "high": 1.0, "log": True}}
-
-    def client_begin(self, task: ClientTask) -> LocalRule:
-        return _ProxRule(task.bc["x"], self.p.mu)
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        return ClientResult(ctx.train(_ProxRule(task.bc["x"], self.p.mu)))

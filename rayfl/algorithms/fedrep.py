@@ -13,6 +13,7 @@ model does not move). ``eval.clients`` scores φ^t with h_i as ``personal_accura
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rayfl import schema
@@ -40,10 +41,8 @@ class FedRep(PartialModel):
     name = "fedrep"
     Params = FedRepParams
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.head_passes": {"type": "int", "low": 1, "high": 10}}
+    traits = dataclasses.replace(PartialModel.traits, search_space={
+        "algorithm.head_passes": {"type": "int", "low": 1, "high": 10}})
 
     def client_train(self, task, ctx):
         y = self.start(task, ctx)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Vec
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits, Vec
 
 NORM_EPS = 1e-12  # ‖g‖ guard (the SAM authors' code adds 1e-12)
 
@@ -32,21 +32,16 @@ class FedSAM(Algorithm):
 
     name = "fedsam"
     Params = FedSAMParams
-    accepts_server_opt = True
-    dp_post_processing = True  # SAM is the client's own computation
-    asynchronous_ok = True  # stateless clients, a server step on Δ̄
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.rho": {"low": 1e-3, "high": 0.5, "log": True}}
+    # SAM is the client's own computation; stateless clients, a server step on Δ̄
+    traits = Traits(server_opt=True, dp_post_processing=True, asynchronous=None,
+                    search_space={"algorithm.rho": {"low": 1e-3, "high": 0.5, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         y, opt, rho = ctx.x.clone(), ctx.optimizer(), self.p.rho
         for batch in ctx.batches():
             point = perturbed(ctx, y, batch, rho)[1] if rho else y
             opt.step(y, ctx.loss_grad(point, batch)[1])
-        return y, ClientResult({}, None)
+        return ClientResult(y)
 
 
 def perturbed(ctx, y: Vec, batch, rho: float) -> tuple[Vec, Vec]:

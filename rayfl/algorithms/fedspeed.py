@@ -19,6 +19,7 @@ with ρ = 0 and full participation the fixed point is the exact optimum, which F
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rayfl import schema
@@ -43,21 +44,18 @@ class FedSpeed(FedDyn):
 
     name = "fedspeed"
     Params = FedSpeedParams
-    paper_weighting = "uniform"  # the plain mean of the local models
-    synchronous_reason = "its server and prox-corrections are FedDyn's"
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.rho": {"low": 1e-3, "high": 0.5, "log": True},
-                "algorithm.lam": {"low": 0.1, "high": 100.0, "log": True}}
+    traits = dataclasses.replace(
+        FedDyn.traits, weighting="uniform",  # the plain mean of the local models
+        asynchronous="its server and prox-corrections are FedDyn's",
+        search_space={"algorithm.rho": {"low": 1e-3, "high": 0.5, "log": True},
+                      "algorithm.lam": {"low": 0.1, "high": 100.0, "log": True}})
 
     @property
     def reg(self) -> float:
         return 1.0 / self.p.lam
 
     def client_train(self, task: ClientTask, ctx):
-        rule, alpha = self.client_begin(task), self.p.alpha
+        rule, alpha = self.rule(task), self.p.alpha
         y, opt = ctx.x.clone(), ctx.optimizer()
         for batch in ctx.batches():
             if self.p.rho and alpha:
@@ -67,4 +65,4 @@ class FedSpeed(FedDyn):
             else:
                 g = ctx.loss_grad(y, batch)[1]
             opt.step(y, g, rule)
-        return y, self.client_end(task, y, ctx.steps)
+        return self.result(task, y)

@@ -32,7 +32,7 @@ fedmim's increments are measured between un-averaged models), around models with
 statistics and in the event-driven modes.
 
 It is a :class:`~rayfl.algorithms.wrapper.ServerWrapper`: ``wrappers: [{name: ima, window: 5}]``;
-client rule and state, capabilities and weights stay the inner's.
+its slot holds the window; client rule and state, capabilities and weights stay the inner's.
 """
 
 from __future__ import annotations
@@ -40,15 +40,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, State, Vec
+from rayfl.algorithms.base import Aggregate, ServerRound, Vec
 from rayfl.algorithms.wrapper import ServerWrapper
+from rayfl.layers import Facts, LayerTraits
 from rayfl.schema import ConfigError, field
-
-_BUF, _RAW = "ima_buf", "ima_raw"
 
 
 def start_round(start: float, rounds: int) -> int:
@@ -74,26 +73,35 @@ class IMAParams:
                     "when the server optimiser is adaptive, else output")
 
 
+@dataclass(frozen=True)
+class Window:
+    """IMA's slot: the window of the inner's outputs (oldest first) and, in a round IMA
+    averaged, the inner's own output (the ``ima_inner`` model)."""
+
+    buf: Vec
+    raw: Vec | None = None
+
+
 class IMA(ServerWrapper):
-    """IMA around ``inner``; its own state keys are ``ima_buf`` (window, oldest first), ``ima_raw``."""
+    """IMA around the layers under it; its slot is the :class:`Window`."""
 
     name = "ima"
     Params = IMAParams
-    own_keys = (_BUF, _RAW)
-    averages_rounds = True
-    async_reason = "IMA averages the models of consecutive synchronous rounds"
-    model_buffers_reason = ("it averages parameters over rounds; one round's BatchNorm "
-                            "statistics do not belong to that average; the paper uses "
-                            "GroupNorm: resnet18_gn")
-    inner_model = "ima_inner"
+    traits = LayerTraits(
+        averages_rounds=True, inner_model="ima_inner",
+        asynchronous="IMA averages the models of consecutive synchronous rounds",
+        buffers="it averages parameters over rounds; one round's BatchNorm statistics do not "
+                "belong to that average; the paper uses GroupNorm: resnet18_gn",
+        search_space={"wrappers.ima.window": {"type": "int", "low": 1, "high": 10},
+                      "wrappers.ima.start": {"low": 0.5, "high": 0.95}})
 
-    def __init__(self, inner: Algorithm, params: IMAParams | None = None, *, rounds: int = 1):
-        super().__init__(inner, params, rounds=rounds)
+    def __init__(self, params: IMAParams | None = None, facts: Facts | None = None):
+        super().__init__(params, facts)
         p = self.params
-        self.window, self.t_s = int(p.window), start_round(p.start, rounds)
+        self.window, self.t_s = int(p.window), start_round(p.start, self.facts.rounds)
         self.decay_after = float(p.decay_after)
         self.reset_server_moments = bool(p.reset_server_moments)
-        adaptive = inner.server_opt.adaptive
+        adaptive = self.facts.adaptive_server_opt
         self.average = ("target" if adaptive else "output") if p.average == "auto" else p.average
 
     @classmethod
@@ -104,74 +112,69 @@ class IMA(ServerWrapper):
                               f"a fraction < 1 or a round index < rounds = {cfg.rounds} "
                               f"(it starts IMA at round {t_s}, after the last round)")
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset ``ima``: the window P and the start t_s."""
-        return {"wrappers.ima.window": {"type": "int", "low": 1, "high": 10},
-                "wrappers.ima.start": {"low": 0.5, "high": 0.95}}
-
     def active(self, t: int) -> bool:
         """Whether round t's update is followed by averaging (t ≥ t_s)."""
         return t >= self.t_s
 
-    # ----- server ------------------------------------------------------------------------
-    def server_init(self, x0: Vec) -> State:
-        state = self.inner.server_init(x0)
-        state[_BUF] = torch.zeros((0, x0.numel()), dtype=x0.dtype)
-        return state
+    def init(self, x0: Vec) -> Window:
+        return Window(torch.zeros((0, x0.numel()), dtype=x0.dtype))
 
-    def local_lr(self, t: int, lr0: float, decay: float) -> float:
+    def client_lr(self, slot: Window, t: int, inner: Callable[[int], float]) -> float:
         if t < self.t_s:
-            return self.inner.local_lr(t, lr0, decay)
-        return self.inner.local_lr(self.t_s, lr0, decay) * self.decay_after ** (t - self.t_s)
+            return inner(t)
+        return inner(self.t_s) * self.decay_after ** (t - self.t_s)
 
     def _push(self, buf: Vec, w: Vec, t: int) -> Vec:
         if t < self.t_s - self.window + 1:  # too early to ever be averaged
             return buf
         return torch.cat([buf[-(self.window - 1):] if self.window > 1 else buf[:0], w[None]])
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
-        inner_state, buf = self.strip(state), state[_BUF]
-        if t == self.t_s and self.reset_server_moments and self.inner.server_opt.adaptive:
-            inner_state = {**inner_state, **self.inner.server_opt.restart(inner_state["x"])}
-        own: dict = {}
+    def aggregate(self, slot: Window, agg: Aggregate, sums: dict, srv: ServerRound):
+        """Target mode: the window of client averages feeds the server optimiser (and its
+        moments restart at t_s)."""
+        t, buf, raw = srv.t, slot.buf, None
+        if t == self.t_s and self.reset_server_moments and srv.adaptive:
+            srv.restart_optimizer()
         if self.average == "target":
-            target = inner_state["x"] - agg.delta_mean  # Σ p_i y_i (clients start at x)
+            target = srv.x - agg.delta_mean  # Σ p_i y_i (clients start at x)
             if agg.count:
                 buf = self._push(buf, target, t)
             if self.active(t) and agg.count and len(buf):
-                agg = dataclasses.replace(agg, delta_mean=inner_state["x"] - buf.mean(dim=0))
-                own[_RAW] = target
-            new, metrics = self.inner.server_update(inner_state, agg, t)
-        else:
-            new, metrics = self.inner.server_update(inner_state, agg, t)
-            buf = self._push(buf, new["x"], t)
-            if self.active(t) and len(buf):
-                own[_RAW] = new["x"]
-                new = {**new, "x": buf.mean(dim=0)}
-        return {**new, _BUF: buf, **own}, {**metrics, "ima_active": float(self.active(t)),
-                                           "ima_window_len": float(len(buf))}
+                agg = dataclasses.replace(agg, delta_mean=srv.x - buf.mean(dim=0))
+                raw = target
+        return agg, Window(buf, raw), {}
 
-    def fork_state(self, state: State, next_round: int, source: Algorithm) -> State:
-        """A fork keeps the inner's state; the window must hold the outputs IMA needs before
-        ``next_round``: none (the fork precedes t_s − P + 1), or the source's own window."""
-        src_ima = source if isinstance(source, IMA) else None
-        inner = self.inner.fork_state(self.strip(state), next_round, self.unwrap(source))
+    def after(self, slot: Window, x: Vec, srv: ServerRound):
+        """Output mode: the window of the inner's outputs; their mean is the new model."""
+        buf, raw = slot.buf, slot.raw
+        if self.average == "output":
+            buf = self._push(buf, x, srv.t)
+            if self.active(srv.t) and len(buf):
+                raw, x = x, buf.mean(dim=0)
+        return x, Window(buf, raw), {"ima_active": float(self.active(srv.t)),
+                                     "ima_window_len": float(len(buf))}
+
+    def extra_models(self, slot: Window, inner: Vec) -> dict[str, Vec]:
+        """The inner's un-averaged output (``ima_inner``) in a round IMA averaged it."""
+        if slot.raw is None or self.average == "target":  # target: a client average
+            return {}
+        return {self.traits.inner_model: slot.raw}
+
+    def fork(self, slot: Window, next_round: int, source: "IMA") -> Window:
+        """A fork's window must hold the outputs IMA needs before ``next_round``: none (the
+        fork precedes t_s − P + 1), or the source's own window."""
         need = max(0, next_round - max(self.t_s - self.window + 1, next_round - self.window))
         if need == 0:
-            return {**inner, _BUF: state["x"].new_zeros((0, state["x"].numel()))}
-        buf = state.get(_BUF)
-        if src_ima is None or src_ima.average != self.average or buf is None or len(buf) < need:
+            return Window(slot.buf[:0])
+        same = isinstance(source, IMA) and source.average == self.average
+        if not same or len(slot.buf) < need:
             raise ValueError(
                 f"the {need} output(s) of the rounds before the fork in IMA's window (start "
                 f"{self.t_s}, window {self.window}); the checkpoint holds "
-                f"{0 if buf is None else len(buf)}: fork at a round ≤ "
+                f"{len(slot.buf) if same else 0}: fork at a round ≤ "
                 f"{self.t_s - self.window + 1}, or from a run with the same ima settings")
-        return {**inner, _BUF: buf[len(buf) - need:]}
+        return Window(slot.buf[len(slot.buf) - need:])
 
-    def extra_models(self, state: State) -> dict[str, Vec]:
-        """The inner's extras, plus its un-averaged output (``ima_inner``) once IMA is on."""
-        out = dict(self.inner.extra_models(self.strip(state)))
-        if self.average == "output" and _RAW in state:
-            out[self.inner_model] = state[_RAW]
-        return out
+    def from_legacy(self, old: dict) -> Window:
+        """The slot of a rayfl 0.1 checkpoint (``ima_buf``, ``ima_raw`` in the flat state)."""
+        return Window(old["ima_buf"], old.get("ima_raw"))

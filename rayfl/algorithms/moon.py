@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits
 
 
 @dataclass(frozen=True)
@@ -41,14 +41,9 @@ class MOON(Algorithm):
 
     name = "moon"
     Params = MOONParams
-    client_state = {"prev": "model"}
-    accepts_server_opt = True
-    dp_post_processing = True  # the contrastive term and w_i^{t−1} stay on the client
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.mu": {"low": 1e-2, "high": 10.0, "log": True}}
+    traits = Traits(client_state={"prev": "model"}, server_opt=True,
+                    dp_post_processing=True,  # the contrastive term and w_i^{t−1} stay local
+                    search_space={"algorithm.mu": {"low": 1e-2, "high": 10.0, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         w_glob = ctx.x
@@ -66,4 +61,4 @@ class MOON(Algorithm):
                 positive = torch.zeros(len(z), dtype=torch.long, device=z.device)
                 loss = loss + self.p.mu * F.cross_entropy(sims, positive)
             opt.step(y, ctx.backward(loss))
-        return y, ClientResult({}, {"prev": y.clone()})
+        return ClientResult(y, {}, {"prev": y.clone()})

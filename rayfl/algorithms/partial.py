@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rayfl.algorithms.base import BUFFERS, Algorithm, ClientResult, Vec
+from rayfl.algorithms.base import Algorithm, ClientResult, Traits, Vec
 from rayfl.schema import ConfigError
 
 
@@ -22,9 +22,9 @@ class PartialModel(Algorithm):
     """FedAvg on the shared parameters; ``personal_group`` kept per client, ``frozen_group``
     never trained (None: no such group)."""
 
-    client_state = {"personal": "any"}  # the personal group's values
-    accepts_server_opt = True
-    dp_post_processing = True  # the shared update is FedAvg's; P never leaves the client
+    # the shared update is FedAvg's; P (the personal group's values) never leaves the client
+    traits = Traits(client_state={"personal": "any"}, server_opt=True, dp_post_processing=True,
+                    capabilities={"personal_model"})
     #: the ``algorithm.*`` keys naming parameter groups (checked against the model)
     group_keys: tuple[str, ...] = ("personal",)
 
@@ -77,23 +77,24 @@ class PartialModel(Algorithm):
         """(what is uploaded: ``y`` with the global personal group back, ClientResult with
         the client's new personal group)."""
         if self.personal_group is None:
-            return y, ClientResult({}, None)
+            return ClientResult(y)
         mask = ctx.group(self.personal_group)
         own = y[mask].clone()
         y[mask] = ctx.x[mask]
-        return y, ClientResult({}, {"personal": own})
+        return ClientResult(y, {}, {"personal": own})
 
     def client_train(self, task, ctx):
         """Every parameter but the frozen ones trains jointly (FedPer, LG-FedAvg, FedBN,
         FedBABU)."""
         return self.finish(ctx, self.steps(ctx, self.start(task, ctx)))
 
-    def personal_model(self, state: dict | None, x: Vec, group: Callable):
+    def personal_model(self, state: dict | None, x: Vec, group: Callable,
+                       buffers: Vec | None = None):
         """The global model with the client's personal group (and its statistics, when the
         client keeps its own)."""
         y = x.clone()
         if state is None or self.personal_group is None:
             return y, None
         y[group(self.personal_group)] = state["personal"].to(y.device)
-        buffers = state.get(BUFFERS) if self.local_buffers else None
+        buffers = buffers if self.traits.local_buffers else None
         return y, buffers if buffers is not None and buffers.numel() else None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,9 @@ class PerFedAvg(Algorithm):
 
     name = "perfedavg"
     Params = PerFedAvgParams
-    accepts_server_opt = True
-    dp_post_processing = True  # the meta-steps are the client's own computation
-    asynchronous_ok = True  # stateless clients, a server step on Δ̄
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.alpha": {"low": 1e-3, "high": 0.1, "log": True}}
+    # the meta-steps are the client's own computation; stateless clients, a step on Δ̄
+    traits = Traits(server_opt=True, dp_post_processing=True, asynchronous=None,
+                    search_space={"algorithm.alpha": {"low": 1e-3, "high": 0.1, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         y, opt, alpha = ctx.x.clone(), ctx.optimizer(), self.p.alpha
@@ -64,7 +59,7 @@ class PerFedAvg(Algorithm):
                 ahead, behind = ctx.probe_grad(y + d * g, third), ctx.probe_grad(y - d * g, third)
                 g -= alpha * (ahead - behind) / (2 * d)  # α ∇²f_i(w; D'') g
             opt.step(y, g)
-        return y, ClientResult({}, None)
+        return ClientResult(y)
 
 
 def stream(ctx):

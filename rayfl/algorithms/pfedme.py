@@ -31,8 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Vec
-from rayfl.algorithms.checks import require_plain_sgd
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, ServerParams, Traits, Vec
 
 
 @dataclass(frozen=True)
@@ -51,27 +50,14 @@ class PFedMe(Algorithm):
 
     name = "pfedme"
     Params = PFedMeParams
-    client_state = {"theta": "model", "theta_buffers": "buffers"}
-    accepts_server_opt = False  # pFedMe's own β step
-    dp_post_processing = True  # the server reads only Δ̄; θ never leaves the client
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.lam": {"low": 1.0, "high": 30.0, "log": True},
-                "algorithm.personal_lr": {"low": 1e-3, "high": 0.1, "log": True}}
-
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        require_plain_sgd(cls.name, cfg, "its steps on θ and w are the paper's plain ones")
-
-    @classmethod
-    def compare_variant(cls, raw: dict) -> dict:
-        """``rayfl compare``'s run beside the others: plain steps at the effective step size
-        lr / (1 − momentum), no weight decay or clipping."""
-        local = raw["local"]
-        return {**raw, "local": {**local, "momentum": 0.0, "weight_decay": 0.0,
-                                 "clip_norm": None, "lr": local["lr"] / (1 - local["momentum"])}}
+    # its own β step, no server optimiser; the server reads only Δ̄: θ never leaves the client
+    traits = Traits(
+        client_state={"theta": "model", "theta_buffers": "buffers"}, dp_post_processing=True,
+        capabilities={"personal_model"},
+        plain_sgd="its steps on θ and w are the paper's plain ones",
+        compare_plain=("momentum", "weight_decay", "clip_norm"),
+        search_space={"algorithm.lam": {"low": 1.0, "high": 30.0, "log": True},
+                      "algorithm.personal_lr": {"low": 1e-3, "high": 0.1, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         lam, p_lr, k = self.p.lam, self.p.personal_lr, self.p.inner_steps
@@ -81,9 +67,9 @@ class PFedMe(Algorithm):
                 g = ctx.loss_grad(theta, batch, record=j == k - 1)[1]
                 theta.add_(g + lam * (theta - w), alpha=-p_lr)
             w.add_(w - theta, alpha=-ctx.lr * lam)
-        return w, ClientResult({}, {"theta": theta, "theta_buffers": ctx.get_buffers()})
+        return ClientResult(w, {}, {"theta": theta, "theta_buffers": ctx.get_buffers()})
 
-    def personal_model(self, state: dict | None, x: Vec, group=None):
+    def personal_model(self, state: dict | None, x: Vec, group=None, buffers=None):
         """θ with its statistics (the global model before the client's first round)."""
         if state is None:
             return x, None

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfl import schema
-from rayfl.algorithms.base import Aggregate, Algorithm, ClientResult, ClientTask, State
+from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, ServerRound,
+                                   Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,8 @@ class QFedAvg(Algorithm):
 
     name = "qfedavg"
     Params = QFedAvgParams
-    paper_weighting = "uniform"
-
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset for this algorithm: dotted run-config key -> parameter spec."""
-        return {"algorithm.q": {"low": 1e-3, "high": 15.0, "log": True}}
+    traits = Traits(weighting="uniform",
+                    search_space={"algorithm.q": {"low": 1e-3, "high": 15.0, "log": True}})
 
     def client_train(self, task: ClientTask, ctx):
         q, lipschitz = self.p.q, 1.0 / task.lr
@@ -52,12 +49,12 @@ class QFedAvg(Algorithm):
         dw = lipschitz * (ctx.x - y)
         fq = loss0**q
         h = (q * loss0 ** (q - 1) * float(dw @ dw) if q else 0.0) + lipschitz * fq
-        return y, ClientResult({"delta": task.weight * fq * dw, "h": task.weight * h}, None)
+        return ClientResult(y, {"delta": task.weight * fq * dw, "h": task.weight * h})
 
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return dict(state), {}
-        return {**state, "x": state["x"] - agg.extras["delta"] / agg.extras["h"]}, {}
+            return x, state, {}
+        return x - agg.extras["delta"] / agg.extras["h"], state, {}
 
 
 def start_loss(ctx) -> float:

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from rayfl.algorithms.base import (Aggregate, Algorithm, ClientResult, ClientTask, LocalRule,
-                                   ServerParams, State, Vec)
-from rayfl.algorithms.checks import reject_adam
+                                   ServerParams, ServerRound, Traits, Vec)
 
 
 @dataclass(frozen=True)
@@ -44,45 +43,43 @@ class _ControlRule(LocalRule):
         return g + self.correction  # g(y) − c_i + c
 
 
+@dataclass(frozen=True)
+class ScaffoldState:
+    """The server's control variate c (the mean of all N clients' c_i)."""
+
+    c: Vec
+
+
 class Scaffold(Algorithm):
-    """Client state ``c`` (c_i); server state ``c``; payload ``dc`` = Σ Δc_i."""
+    """Client state ``c`` (c_i); server state c; payload ``dc`` = Σ Δc_i."""
 
     name = "scaffold"
-    synchronous_reason = ("its server variate c is updated by the mean Δc_i of one round, every "
-                          "c_i⁺ measured from the same x_t and c")
     Params = ScaffoldParams
-    client_state = {"c": "model"}
-    accepts_server_opt = True
+    traits = Traits(
+        client_state={"c": "model"}, server_opt=True,
+        asynchronous="its server variate c is updated by the mean Δc_i of one round, every "
+                     "c_i⁺ measured from the same x_t and c",
+        adam="option II's c_i = c_i − c + (x_t − y)/(K η_l) assumes the client moved by η_l "
+             "per SGD direction")
 
-    @classmethod
-    def check_config(cls, params, cfg) -> None:
-        reject_adam(cls.name, cfg, "option II's c_i = c_i − c + (x_t − y)/(K η_l) assumes the "
-                                   "client moved by η_l per SGD direction")
+    def server_init(self, x0: Vec) -> ScaffoldState:
+        return ScaffoldState(torch.zeros_like(x0))
 
-    def server_init(self, x0: Vec) -> State:
-        return {**super().server_init(x0), "c": torch.zeros_like(x0)}
+    def broadcast(self, x: Vec, state: ScaffoldState, t: int) -> dict[str, Vec]:
+        return {"x": x, "c": state.c}
 
-    def broadcast(self, state: State, t: int) -> dict[str, Vec]:
-        return {"x": state["x"], "c": state["c"]}
+    def client_train(self, task: ClientTask, ctx) -> ClientResult:
+        bc = task.bc
+        c_i = task.state["c"] if task.state is not None else torch.zeros_like(bc["x"])
+        y = ctx.train(_ControlRule(bc["c"] - c_i))
+        if ctx.steps == 0:  # nothing trained: no new information about ∇f_i
+            return ClientResult(y, {"dc": torch.zeros_like(c_i)}, {"c": c_i})
+        c_new = c_i - bc["c"] + (bc["x"] - y) / (self.effective_steps(ctx.steps) * task.lr)
+        return ClientResult(y, {"dc": c_new - c_i}, {"c": c_new})  # c_i⁺
 
-    @staticmethod
-    def _ci(task: ClientTask) -> Vec:
-        return task.state["c"] if task.state is not None else torch.zeros_like(task.bc["x"])
-
-    def client_begin(self, task: ClientTask) -> LocalRule:
-        return _ControlRule(task.bc["c"] - self._ci(task))
-
-    def client_end(self, task: ClientTask, y: Vec, steps: int) -> ClientResult:
-        bc, c_i = task.bc, self._ci(task)
-        if steps == 0:  # nothing trained: no new information about ∇f_i
-            return ClientResult({"dc": torch.zeros_like(c_i)}, {"c": c_i})
-        c_new = c_i - bc["c"] + (bc["x"] - y) / (self.effective_steps(steps) * task.lr)  # c_i⁺
-        return ClientResult({"dc": c_new - c_i}, {"c": c_new})
-
-    def server_update(self, state: State, agg: Aggregate, t: int) -> tuple[State, dict]:
+    def server_update(self, x: Vec, state: ScaffoldState, agg: Aggregate, srv: ServerRound):
         if agg.count == 0:
-            return state, {}
+            return x, state, {}
         mean_dc = agg.extras["dc"] / agg.count  # mean over the |S_t| clients that returned
-        c = state["c"] + (agg.count / self.num_clients) * mean_dc
-        new, metrics = self.server_step(state, agg.delta_mean)  # x ← x − η_g Δ̄
-        return {**new, "c": c}, {**metrics, "c_norm": float(c.norm())}
+        c = state.c + (agg.count / self.num_clients) * mean_dc
+        return srv.step(agg.delta_mean), ScaffoldState(c), {"c_norm": float(c.norm())}

@@ -11,10 +11,23 @@ from typing import Any
 
 import torch
 
-from rayfl.algorithms.base import Aggregate, ClientResult
+from rayfl.algorithms.base import Aggregate, Collected, Rows
+from rayfl.contract import ComponentError
 
 
-def _add(a: Any, b: Any) -> Any:
+def _add(a: Any, b: Any, key: str, where: str, t: int, client: int) -> Any:
+    """``a + b`` of a summed payload entry (ComponentError naming it when the two cannot be
+    added: a payload that changes shape between clients)."""
+    if a is None:
+        return b.clone() if isinstance(b, torch.Tensor) else b
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape != b.shape:
+        raise ComponentError(where, f"returned payload entry {key!r} of shape {tuple(b.shape)}, "
+                                    f"where an earlier client's was {tuple(a.shape)}: a payload "
+                                    "keeps its shape over the round", t, client)
+    return a + b
+
+
+def _sum(a: Any, b: Any) -> Any:
     return b.clone() if a is None and isinstance(b, torch.Tensor) else (b if a is None else a + b)
 
 
@@ -31,35 +44,42 @@ class PartialSum:
     samples: int = 0
     loss_sum: float = 0.0  # Σ mean local loss of each client
     client_losses: list[tuple[int, float]] = field(default_factory=list)  # (client, mean loss)
-    extras: dict[str, Any] = field(default_factory=dict)
-    client_ids: list[int] = field(default_factory=list)  # only with keep_models
-    client_models: list[torch.Tensor] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)  # the algorithm's payload sums
+    rows: dict[str, tuple[list[int], list[torch.Tensor]]] = field(default_factory=dict)
+    layers: list[dict[str, Any]] = field(default_factory=list)  # each layer's payload sums
     buffers_w: torch.Tensor | None = None  # Σ w_i b_i of the clients' model buffers
     updates: list[torch.Tensor] = field(default_factory=list)  # only with keep_updates
 
     def add_client(self, client_id: int, delta: torch.Tensor, weight: float, steps: int,
-                   samples: int, loss: float, result: ClientResult,
-                   final_model: torch.Tensor | None = None,
-                   buffers: torch.Tensor | None = None, keep_update: bool = False) -> None:
-        """Accumulate one client's Δ_i = x_start − y_i, its weight, its payload and its model's
-        buffers after training (BatchNorm statistics; None: the model has none); with
-        ``keep_update``, Δ_i itself too."""
+                   samples: int, loss: float, payload: dict, layer_payloads: list[dict],
+                   buffers: torch.Tensor | None = None, keep_update: bool = False,
+                   where: str = "client_train", t: int = 0) -> None:
+        """Accumulate one client's upload Δ_i, its weight, the algorithm's payload (``where``
+        names it in an error), each layer's payload and its model's buffers after training
+        (BatchNorm statistics; None: the model has none); with ``keep_update``, Δ_i itself."""
         self.count += 1
         self.weight_sum += weight
-        self.delta_w = _add(self.delta_w, delta * weight)
-        self.delta = _add(self.delta, delta)
+        self.delta_w = _sum(self.delta_w, delta * weight)
+        self.delta = _sum(self.delta, delta)
         self.delta_sq += float(torch.dot(delta.double(), delta.double()))
         self.steps += steps
         self.samples += samples
         self.loss_sum += loss
         self.client_losses.append((int(client_id), float(loss)))
-        for k, v in result.payload.items():
-            self.extras[k] = _add(self.extras.get(k), v)
+        for k, v in payload.items():
+            if isinstance(v, Rows):
+                ids, rows = self.rows.setdefault(k, ([], []))
+                ids.append(int(client_id))
+                rows.append(v.value)
+            else:
+                self.extras[k] = _add(self.extras.get(k), v, k, where, t, client_id)
+        if not self.layers:
+            self.layers = [{} for _ in layer_payloads]
+        for own, sums in zip(layer_payloads, self.layers):
+            for k, v in own.items():
+                sums[k] = _sum(sums.get(k), v)
         if buffers is not None:
-            self.buffers_w = _add(self.buffers_w, buffers * weight)
-        if final_model is not None:
-            self.client_ids.append(client_id)
-            self.client_models.append(final_model)
+            self.buffers_w = _sum(self.buffers_w, buffers * weight)
         if keep_update:
             self.updates.append(delta.clone())
 
@@ -69,20 +89,27 @@ class PartialSum:
             return self
         self.count += other.count
         self.weight_sum += other.weight_sum
-        self.delta_w = _add(self.delta_w, other.delta_w)
-        self.delta = _add(self.delta, other.delta)
+        self.delta_w = _sum(self.delta_w, other.delta_w)
+        self.delta = _sum(self.delta, other.delta)
         self.delta_sq += other.delta_sq
         self.steps += other.steps
         self.samples += other.samples
         self.loss_sum += other.loss_sum
         self.client_losses += other.client_losses
         for k, v in other.extras.items():
-            self.extras[k] = _add(self.extras.get(k), v)
-        self.client_ids += other.client_ids
-        self.client_models += other.client_models
+            self.extras[k] = _sum(self.extras.get(k), v)
+        for k, (ids, rows) in other.rows.items():
+            mine = self.rows.setdefault(k, ([], []))
+            mine[0].extend(ids)
+            mine[1].extend(rows)
+        if not self.layers:
+            self.layers = [{} for _ in other.layers]
+        for mine, theirs in zip(self.layers, other.layers):
+            for k, v in theirs.items():
+                mine[k] = _sum(mine.get(k), v)
         self.updates += other.updates
         if other.buffers_w is not None:
-            self.buffers_w = _add(self.buffers_w, other.buffers_w)
+            self.buffers_w = _sum(self.buffers_w, other.buffers_w)
         return self
 
     def to(self, device: str | torch.device) -> "PartialSum":
@@ -91,9 +118,14 @@ class PartialSum:
         self.delta_w, self.delta = mv(self.delta_w), mv(self.delta)
         self.buffers_w = mv(self.buffers_w)
         self.extras = {k: mv(v) for k, v in self.extras.items()}
-        self.client_models = [mv(v) for v in self.client_models]
+        self.rows = {k: (ids, [mv(r) for r in rows]) for k, (ids, rows) in self.rows.items()}
+        self.layers = [{k: mv(v) for k, v in own.items()} for own in self.layers]
         self.updates = [mv(v) for v in self.updates]
         return self
+
+    def layer_sums(self, num_layers: int) -> tuple[dict, ...]:
+        """Each layer's payload sums (empty dicts when no client completed)."""
+        return tuple(self.layers) if self.layers else tuple({} for _ in range(num_layers))
 
     def finalize(self, num_sampled: int, num_clients: int, dim: int,
                  dtype=torch.float32) -> Aggregate:
@@ -101,11 +133,13 @@ class PartialSum:
         if self.count == 0 or self.weight_sum <= 0:
             zero = torch.zeros(dim, dtype=dtype)
             return Aggregate(0, num_sampled, num_clients, 0.0, zero, zero.clone(), 0.0, {})
+        extras = dict(self.extras)
+        extras.update({k: Collected(ids, torch.stack(rows))
+                       for k, (ids, rows) in self.rows.items()})
         return Aggregate(
             count=self.count, num_sampled=num_sampled, num_clients=num_clients,
             weight_sum=self.weight_sum, delta_mean=self.delta_w / self.weight_sum,
-            delta_sum=self.delta, delta_sq_sum=self.delta_sq,
-            extras=dict(self.extras),
+            delta_sum=self.delta, delta_sq_sum=self.delta_sq, extras=extras,
             buffers_mean=None if self.buffers_w is None else self.buffers_w / self.weight_sum,
             updates=torch.stack(self.updates) if self.updates else None)
 

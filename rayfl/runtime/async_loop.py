@@ -45,7 +45,8 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Aggregate, State
+from rayfl.algorithms.base import Aggregate
+from rayfl.layers import ServerState as State
 from rayfl.availability.base import DROPOUT, SAMPLE
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.async_config import Settings
@@ -157,7 +158,7 @@ class AsyncLoop:
         self.window.online = n_online
         self.window.dispatched += len(clients)
         sizes = self.rounds.sizes[clients]
-        weights = self.rounds.algorithm.aggregation_weights(state, clients, sizes)
+        weights = self.rounds.algorithm.aggregation_weights(state.algorithm, clients, sizes)
         for c, sec, dead, w in zip(clients, seconds, failed, weights):
             job = Job(self.now + float(sec), int(c), self.seq, self.version, float(w), bool(dead))
             self.seq += 1
@@ -173,10 +174,10 @@ class AsyncLoop:
             return
         rounds, t = self.rounds, self.waves
         self.waves += 1
-        bc = rounds.broadcast(state, self.version)
+        bc = rounds.stack.broadcast(state, self.version)
         if self.settings.mode == "fedasync":
-            self.sent[self.version] = bc["x"]
-        lr = rounds.algorithm.local_lr(self.version, self.lr0, self.lr_decay)
+            self.sent[self.version] = bc.algorithm["x"]
+        lr = rounds.stack.client_lr(state, self.version, self.lr0, self.lr_decay)
         clients = np.array([j.client for j in wave], dtype=np.int64)
         groups = rounds.groups(clients, [j.weight for j in wave], None,
                                [[i] for i in range(len(wave))])
@@ -233,7 +234,7 @@ class AsyncLoop:
             total = job.result
             alpha = self.settings.mixing * self.settings.weight(tau)
             # α_t (x − y), y = x_τ − Δ
-            direction = alpha * (total.delta + (state["x"] - self.sent[job.version]))
+            direction = alpha * (total.delta + (state.x - self.sent[job.version]))
             agg = Aggregate(1, num_sampled, len(rounds.sizes), total.weight_sum, direction,
                             direction.clone(), float(direction.double().pow(2).sum()),
                             dict(total.extras))
@@ -282,9 +283,11 @@ class AsyncLoop:
         self.dispatches, self.waves, self.seq = snap["dispatches"], snap["waves"], snap["seq"]
         self.window = Window(start=snap["window_start"])
         self.jobs = {}
+        known = {f.name for f in fields(PartialSum)}  # rayfl 0.1 also kept client models
         for j in snap["jobs"]:
             result = j.pop("result")
-            self.jobs[j["seq"]] = Job(**j, result=None if result is None else PartialSum(**result))
+            self.jobs[j["seq"]] = Job(**j, result=None if result is None else PartialSum(
+                **{k: v for k, v in result.items() if k in known}))
         self.heap = sorted(j.key() for j in self.jobs.values())
         self.sent = {int(v): x for v, x in snap["sent"]}
 

@@ -16,6 +16,7 @@ fork`` can branch from them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -30,8 +31,18 @@ from rayfl.runtime.storage import Storage, join
 from rayfl.schema import ConfigError
 
 NAME = "checkpoints/checkpoint.pt"
-FORMAT = "rayfl-checkpoint/1"
-_TENSOR, _ARRAY, _TUPLE, _FLOAT = "$tensor", "$ndarray", "$tuple", "$float"
+FORMAT = "rayfl-checkpoint/2"  # /2: the server state is a tree of slots (rayfl.layers)
+FORMATS = ("rayfl-checkpoint/1", FORMAT)  # /1 (rayfl 0.1): one flat dict, read by migration
+_TENSOR, _ARRAY, _TUPLE, _FLOAT, _SLOT = "$tensor", "$ndarray", "$tuple", "$float", "$slot"
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """A dataclass of a checkpoint as read back: its class name and fields (the run's own
+    classes rebuild it, :func:`restore`; nothing named in a file is imported)."""
+
+    name: str
+    fields: dict
 
 
 def path_of(location: str) -> str:
@@ -58,6 +69,9 @@ def _encode(obj, tensors: list[torch.Tensor]):
         return {_TUPLE: items} if isinstance(obj, tuple) else items
     if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
         return {k: _encode(v, tensors) for k, v in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {_SLOT: [type(obj).__name__, {f.name: _encode(getattr(obj, f.name), tensors)
+                                             for f in dataclasses.fields(obj)}]}
     raise TypeError(f"a checkpoint holds tensors, arrays and plain data only, not "
                     f"{type(obj).__name__}")
 
@@ -77,6 +91,8 @@ def _decode(obj, tensors: list[torch.Tensor]):
             return tuple(_decode(v, tensors) for v in value)
         if key == _FLOAT:
             return float(value)
+        if key == _SLOT:
+            return Slot(value[0], _decode(value[1], tensors))
     return {k: _decode(v, tensors) for k, v in obj.items()}
 
 
@@ -118,7 +134,7 @@ def decode(data: bytes, where: str) -> dict:
         raise bad("damaged, or holding objects other than tensors and plain data") from None
     except Exception as e:  # noqa: BLE001 — any failure of the (code-free) reader: damaged
         raise bad(f"unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") not in FORMATS:
         raise bad(f"not a {FORMAT} file")
     text, tensors = raw.get("json"), raw.get("tensors")
     if not isinstance(text, str) or not isinstance(tensors, list) or not all(
@@ -226,3 +242,42 @@ def exists(location: str) -> bool:
 def prune_state(state_root: str, versions, pinned: set[tuple[int, int]] = frozenset()) -> int:
     """Drop client-state files neither the checkpoint nor a kept one references."""
     return prune_after(state_root, versions, pinned)
+
+
+def restore(template, found, where: str):
+    """``found`` (a checkpoint's tree as read) rebuilt in the classes of ``template`` (the run's
+    fresh tree); a :class:`ConfigError` naming ``where`` and the first difference when the two
+    are not the same structure."""
+    from rayfl.layers import mismatch
+
+    tree = _rebuild(template, found)
+    problem = mismatch(template, tree)
+    if problem:
+        raise ConfigError("checkpoint", where, f"a checkpoint of this run's layers ({problem})")
+    return tree
+
+
+def _rebuild(template, found):
+    if isinstance(found, Slot):
+        if not (dataclasses.is_dataclass(template) and type(template).__name__ == found.name):
+            return found  # left as read: the structure check names it
+        return dataclasses.replace(template, **{
+            f.name: _rebuild(getattr(template, f.name), found.fields.get(f.name))
+            for f in dataclasses.fields(template) if f.name in found.fields})
+    if isinstance(found, tuple) and isinstance(template, tuple) and len(found) == len(template):
+        return tuple(_rebuild(a, b) for a, b in zip(template, found))
+    if isinstance(found, dict) and isinstance(template, dict):
+        return {k: _rebuild(template.get(k), v) for k, v in found.items()}
+    return found
+
+
+def server_state(stack, ck: dict, where: str):
+    """The checkpoint's server state tree for a run's ``stack`` (:class:`~rayfl.layers.Stack`),
+    checked against it by structure; a rayfl 0.1 checkpoint's flat state is migrated."""
+    found = ck.get("state")
+    if isinstance(found, dict) and "x" in found:  # rayfl 0.1
+        return stack.from_legacy(found, ck.get("transforms"), ck.get("buffers"))
+    if not isinstance(found, Slot) or not isinstance(found.fields.get("x"), torch.Tensor):
+        raise ConfigError("checkpoint", where, "a checkpoint holding a server state")
+    template = stack.init(found.fields["x"], found.fields.get("buffers"))
+    return restore(template, found, where)

@@ -23,12 +23,13 @@ import torch
 from rayfl import algorithms
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
+from rayfl.layers import Broadcast, tree_map
+from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.training import train_groups
 from rayfl.runtime.local import spec_from_config
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
-from rayfl.transforms import transforms_from_config
 
 
 def _status_mb(field: str) -> float | None:
@@ -101,12 +102,12 @@ class ClientWorker:
         self.device = pick_device(cfg.runtime.gpus_per_actor)
         self.reader = handle.open()
         self.model = model_for(cfg, handle, self.device)
-        self.algorithm = algorithms.build(cfg, handle.num_clients)
+        self.stack = algorithms.build(cfg, handle.num_clients)
+        self.algorithm = self.stack.algorithm
         self.spec = spec_from_config(cfg.local)
         self.store = StateStore(state_root, budget_bytes)
         self.messages = Messages(state_root)
         self.loss_fn = criterion(handle)
-        self.transforms = transforms_from_config(cfg)
 
     def ready(self) -> dict:
         """Where this actor landed: node, GPUs Ray assigned, torch device and threads."""
@@ -118,13 +119,14 @@ class ClientWorker:
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> its rows of round ``t`` (:class:`ClientData`: gradient function, model)."""
         rows = self.reader.round(t, round_clients)
-        model, loss_fn, chain = self.model, self.loss_fn, self.transforms
+        model, loss_fn, layers = self.model, self.loss_fn, self.stack.layers
+        classes = self.reader.handle.num_classes
 
         def source(client: int):
             raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
-            if chain is not None:
-                y = chain.client_labels(y, client, self.reader.handle.num_classes)
+            for layer in layers:  # a label-flipping attacker
+                y = layer.client_labels(y, client, classes)
 
             def grad_fn(point, idx):
                 idx_t = torch.from_numpy(idx).to(x.device)
@@ -134,7 +136,7 @@ class ClientWorker:
 
         return source
 
-    def train(self, t: int, bc: dict[str, np.ndarray], lr: float, groups,
+    def train(self, t: int, bc: Broadcast, lr: float, groups,
               keep_dir: str | None = None, round_clients: np.ndarray | None = None) -> dict:
         """Train every client of every group; returns {"sums": [(group, PartialSum)], ...}.
 
@@ -144,13 +146,13 @@ class ClientWorker:
         """
         inject_fault(t)
         start = time.perf_counter()
-        bc_t = {k: torch.as_tensor(np.array(v)).to(self.device) for k, v in bc.items()}
+        bc_t = tree_map(lambda v: torch.as_tensor(np.array(v)).to(self.device), bc)
         on_model = None if keep_dir is None else (
             lambda c, y: np.save(os.path.join(keep_dir, f"client-{c}.npy"),
                                  y.detach().cpu().numpy()))
-        sums, written = train_groups(self.algorithm, groups, bc_t, lr, t, self.seed,
+        sums, written = train_groups(self.stack, groups, bc_t, lr, t, self.seed,
                                      self._source(t, round_clients), self.store, self.spec,
-                                     self.transforms, on_model, self.messages)
+                                     on_model, self.messages)
         return {"sums": [(g, acc.to("cpu")) for g, acc in sums], "written": written,
                 "seconds": time.perf_counter() - start,
                 "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb(),
@@ -191,8 +193,10 @@ class ClientWorker:
                 return self.model.layout.mask(name).to(self.device)
 
             def personal(row: int):
-                state = self.store.load(int(client_ids[row]), int(versions[row]))
-                own, own_buffers = self.algorithm.personal_model(state, w, group)
+                saved = decode(self.store.load(int(client_ids[row]), int(versions[row])),
+                               self.stack)
+                own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
+                                                                 saved.buffers)
                 return own.to(self.device), \
                     None if own_buffers is None else own_buffers.to(self.device)
         return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,

@@ -8,7 +8,9 @@ is the loss and flat gradient at *any* point ``w`` on minibatch ``b``; ``ctx.out
 features)`` gives logits and named intermediate outputs to build any loss from, and
 ``ctx.backward(loss)`` its flat gradient. Minibatches come from ``ctx.batches()`` in the order
 the flat-vector path uses (a generator keyed by seed, round and client); ``ctx.optimizer()`` is
-the configured local optimiser (clipping, weight decay, momentum or Adam).
+the configured local optimiser (clipping, weight decay, momentum or Adam). ``ctx.train(rule)``
+runs the whole local loop on flat vectors under a :class:`~rayfl.algorithms.base.LocalRule` (the
+fast path: SCAFFOLD, FedDyn, FedProx are a rule and a few lines around it).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import BUFFERS, ClientTask, Vec  # noqa: F401 (BUFFERS: re-exported)
-from rayfl.runtime.local import GradFn, LocalOptimizer, LocalSpec, batch_schedule
+from rayfl.algorithms.base import PLAIN_SGD, ClientTask, LocalRule, Vec
+from rayfl.runtime.local import GradFn, LocalOptimizer, LocalSpec, batch_schedule, train_client
 
 
 @dataclass
@@ -93,6 +95,18 @@ class LocalContext:
         ``embedding`` or a glob over parameter names; :class:`rayfl.models.flat.Layout`)."""
         return self._model().layout.mask(name).to(self.x.device)
 
+    def train(self, rule: LocalRule = PLAIN_SGD, start: Vec | None = None) -> Vec:
+        """The round's local training on flat vectors from ``start`` (default: ``x``) under
+        ``rule``: every minibatch of :meth:`batches`, the configured optimiser on
+        ``rule.direction`` of the gradient at ``rule.grad_point``; returns the final iterate."""
+        y, steps, loss_sum = train_client(rule, self.x if start is None else start,
+                                          self.data.grad_fn, self.n, self.spec, self.lr,
+                                          self.rng, self.max_steps)
+        self.steps += steps
+        self._loss_sum += loss_sum
+        self._losses += steps
+        return y
+
     # ----- the model as a function of a flat vector ------------------------------------------
     def loss_grad(self, point: Vec, batch: np.ndarray, record: bool = True):
         """(loss, flat gradient) of the run's loss at ``point`` on ``batch``. The gradient is a
@@ -156,6 +170,7 @@ class LocalContext:
 
     # ----- bookkeeping -----------------------------------------------------------------------
     def mean_loss(self) -> float:
+        """The mean loss of the gradient evaluations recorded so far (NaN: none)."""
         return self._loss_sum / self._losses if self._losses else float("nan")
 
     def _record(self, loss: torch.Tensor) -> None:

@@ -10,13 +10,13 @@ same model bytes on either.
 from __future__ import annotations
 
 import numpy as np
-import torch
-
+from rayfl.layers import tree_map
 from rayfl.runtime.loop import balance
 
 
-def _numpy(bc: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() for k, v in bc.items()}
+def _numpy(bc):
+    """The broadcast tree with numpy arrays (what crosses the object store)."""
+    return tree_map(lambda v: v.detach().cpu().numpy(), bc)
 
 
 class ActorsLost(RuntimeError):

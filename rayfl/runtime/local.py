@@ -115,7 +115,8 @@ class LocalOptimizer:
 
 def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalSpec, lr: float,
                  rng: np.random.Generator, max_steps: int | None = None) -> tuple[Vec, int, float]:
-    """Run local training from ``y0``; returns (final iterate y, steps run K_i, mean loss)."""
+    """Run local training from ``y0``; returns (final iterate y, steps run K_i, sum of the
+    steps' losses)."""
     y = y0.clone()
     opt = LocalOptimizer(spec, lr, y)
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
@@ -123,9 +124,7 @@ def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalS
         loss, g = grad_fn(rule.grad_point(y), idx)
         opt.step(y, g, rule)
         loss_sum += loss.detach()
-    steps = opt.steps
-    mean_loss = float(loss_sum) / steps if steps else float("nan")
-    return y, steps, mean_loss
+    return y, opt.steps, float(loss_sum)
 
 
 def spec_from_config(local) -> LocalSpec:

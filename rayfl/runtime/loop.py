@@ -16,19 +16,19 @@ model's bytes do not depend on where or on how many workers the groups ran.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, State, has
+from rayfl.algorithms.base import Aggregate
+from rayfl.layers import Broadcast, ServerState, Stack
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
-from rayfl.runtime.context import BUFFERS
 from rayfl.runtime.messages import Messages
-from rayfl.transforms import round_metrics
 
 
 def balance(loads: np.ndarray, bins: int) -> list[list[int]]:
@@ -67,9 +67,8 @@ class Executor(Protocol):
     """Where clients train. ``run`` returns one dict per worker call, each holding
     ``"sums"`` [(group, PartialSum)] and ``"written"`` (clients whose state it saved)."""
 
-    def run(self, t: int, bc: dict[str, torch.Tensor], lr: float,
-            groups: list[tuple[int, list]], keep_dir: str | None,
-            round_clients: np.ndarray) -> list[dict]: ...
+    def run(self, t: int, bc: Broadcast, lr: float, groups: list[tuple[int, list]],
+            keep_dir: str | None, round_clients: np.ndarray) -> list[dict]: ...
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray: ...
 
@@ -79,7 +78,7 @@ class RoundOutcome:
     """One server update's result: the new server state, the aggregate, the merged sums, the
     executor's per-call reports and the metrics of the algorithm, transforms and trigger."""
 
-    state: State
+    state: ServerState
     agg: Aggregate
     total: PartialSum
     reports: list[dict]
@@ -103,40 +102,31 @@ class RoundOutcome:
 
 
 class RoundLoop:
-    """The server side of every round: weights, groups, merge, transforms, server update.
+    """The server side of every round: weights, groups, merge, the layers and the update.
 
     ``versions[c]`` is the index under which client c's newest state was written (the round;
     in FedBuff/FedAsync the training wave), −1 for none; the loop sends it with each client's
     work so any worker loads the right version, and records the superseded versions in
     ``superseded`` for deletion after the next checkpoint.
-    ``messages`` holds the rounds' messages to their clients (``client_settle`` capability).
-    ``buffers`` are the global model's buffers (BatchNorm statistics; None: the model has
-    none): broadcast with the model, replaced by the weighted mean of the clients' buffers after
-    each update with completed clients.
+    ``messages`` holds the rounds' messages to their clients (the ``settle`` capability).
     """
 
-    def __init__(self, algorithm: Algorithm, executor: Executor, sizes: np.ndarray,
-                 shards: int, transforms: Any = None, messages: Messages | None = None):
-        self.algorithm, self.executor, self.sizes = algorithm, executor, np.asarray(sizes)
-        self.shards, self.transforms = shards, transforms
+    def __init__(self, stack: Stack, executor: Executor, sizes: np.ndarray, shards: int,
+                 messages: Messages | None = None):
+        self.stack, self.executor, self.sizes = stack, executor, np.asarray(sizes)
+        self.algorithm = stack.algorithm
+        self.shards = shards
         self.messages = messages if messages is not None else Messages(None)
         self.versions = np.full(len(self.sizes), -1, dtype=np.int32)
         self.superseded: list[tuple[int, int]] = []
-        self.buffers: torch.Tensor | None = None
 
-    def setup(self, state: State) -> State:
-        """The algorithm's one-off set-up over every client (its ``client_setup`` capability)."""
+    def setup(self, state: ServerState) -> ServerState:
+        """The algorithm's one-off set-up over every client (its ``setup`` capability)."""
         ids = np.arange(len(self.sizes))
         rows = self.executor.summaries(ids)
-        return self.algorithm.server_setup(state, ids, torch.from_numpy(np.asarray(rows)))
-
-    def broadcast(self, state: State, t: int) -> dict[str, torch.Tensor]:
-        """What clients trained from server update ``t`` receive: the algorithm's broadcast, the
-        transforms' values (e.g. an adaptive clip norm) and the model's buffers."""
-        bc = self.algorithm.broadcast(state, t)
-        if self.transforms is not None:
-            bc = {**bc, **self.transforms.broadcast(t)}
-        return bc if self.buffers is None else {**bc, BUFFERS: self.buffers}
+        own = self.algorithm.server_setup(state.algorithm, ids,
+                                          torch.from_numpy(np.asarray(rows)))
+        return dataclasses.replace(state, algorithm=own)
 
     def parts(self, clients: np.ndarray) -> list[list[int]]:
         """Positions in ``clients`` of each group: LPT by sample count over the shards."""
@@ -151,7 +141,7 @@ class RoundLoop:
                       None if budgets is None else int(budgets[i])) for i in part])
                 for g, part in enumerate(parts)]
 
-    def train(self, t: int, bc: dict, lr: float, groups: list, keep_dir: str | None,
+    def train(self, t: int, bc: Broadcast, lr: float, groups: list, keep_dir: str | None,
               round_clients: np.ndarray) -> tuple[dict[int, PartialSum], list[dict], float]:
         """Execute ``groups`` under index ``t`` and record the state versions written:
         (sums by group, the executor's reports, seconds)."""
@@ -165,36 +155,30 @@ class RoundLoop:
                 self.versions[c] = t
         return dict(pair for r in reports for pair in r["sums"]), reports, seconds
 
-    def update(self, state: State, total: PartialSum, t: int, num_sampled: int,
-               agg: Aggregate | None = None) -> tuple[State, Aggregate, dict]:
-        """Server update ``t`` from the merged ``total``: the client models (``receive_client_
-        models``), the aggregate (``agg``, or ``total`` finalized), transforms, the algorithm's
-        step; returns (state, aggregate as the algorithm saw it, metrics)."""
-        algo = self.algorithm
-        if has(algo, "receive_client_models") and total.client_ids:
-            state = algo.receive_client_models(state, total.client_ids,
-                                               torch.stack(total.client_models))
-        x = algo.deployed(state)
+    def update(self, state: ServerState, total: PartialSum, t: int, num_sampled: int,
+               agg: Aggregate | None = None) -> tuple[ServerState, Aggregate, dict]:
+        """Server update ``t`` from the merged ``total``: the aggregate (``agg``, or ``total``
+        finalized) through the stack; returns (state, aggregate as the algorithm saw it,
+        metrics)."""
+        x = state.x
         if agg is None:
             agg = total.finalize(num_sampled, len(self.sizes), x.numel(), x.dtype)
-        if agg.buffers_mean is not None:
-            self.buffers = agg.buffers_mean
-        if self.transforms is not None:
-            agg = self.transforms.aggregate(agg, t)
-        state, own = algo.server_update(state, agg, t)
-        if has(algo, "client_settle") and total.count:
-            self.messages.save(t, algo.round_message(state, agg, t))
-        own = {**own, **round_metrics(self.transforms, total.count, x.numel(), x.element_size())}
-        return state, agg, own
+        new, agg, own = self.stack.update(state, agg, total.layer_sums(len(self.stack.layers)),
+                                          t)
+        if self.algorithm.traits.has("settle") and total.count:
+            self.messages.save(t, self.algorithm.round_message(new.x, new.algorithm, agg, t))
+        per_client = self.stack.upload_bytes(x.numel(), x.element_size())
+        return new, agg, {**own, "upload_bytes": per_client * total.count}
 
-    def run(self, state: State, t: int, clients: np.ndarray, budgets, lr: float,
+    def run(self, state: ServerState, t: int, clients: np.ndarray, budgets, lr: float,
             num_sampled: int, keep_dir: str | None = None) -> RoundOutcome:
         """Round ``t`` over the dispatched ``clients`` (``num_sampled`` counts dropped ones too)."""
         clients = np.asarray(clients, dtype=np.int64)
-        weights = self.algorithm.aggregation_weights(state, clients, self.sizes[clients])
+        weights = self.algorithm.aggregation_weights(state.algorithm, clients,
+                                                     self.sizes[clients])
         groups = self.groups(clients, weights, budgets)
-        sums, reports, train_s = self.train(t, self.broadcast(state, t), lr, groups, keep_dir,
-                                            clients)
+        sums, reports, train_s = self.train(t, self.stack.broadcast(state, t), lr, groups,
+                                            keep_dir, clients)
         tick = time.perf_counter()
         total = merge(sums[g] for g in sorted(sums))
         state, agg, own = self.update(state, total, t, num_sampled)

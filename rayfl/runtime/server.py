@@ -17,7 +17,6 @@ import ray
 import torch
 
 from rayfl import algorithms, privacy
-from rayfl.algorithms.base import has
 from rayfl.availability import make_sampler
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
@@ -30,7 +29,6 @@ from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.local import spec_from_config
-from rayfl.transforms import transforms_from_config
 
 
 class Server:
@@ -48,7 +46,8 @@ class Server:
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
         self.spec = spec_from_config(cfg.local)
-        self.algorithm = algorithms.build(cfg, handle.num_clients)
+        self.stack = algorithms.build(cfg, handle.num_clients)
+        self.algorithm = self.stack.algorithm
         self.model = model_for(cfg, handle, "cpu")
         self.loss_fn = criterion(handle)
         dp = cfg.privacy
@@ -56,14 +55,13 @@ class Server:
         self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
             privacy.rounds_within(dp.target_epsilon, cfg.rounds, **self.accounting)
         poisson = dp is not None and dp.sampling == "poisson"
-        chain = transforms_from_config(cfg)
         w = self.model.w
         self.sampler = make_sampler(
             cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
             model_bytes=w.numel() * w.element_size(),
             poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
-            upload_bytes=None if chain is None else chain.upload_bytes(w.numel(),
-                                                                       w.element_size()),
+            upload_bytes=None if not self.stack.layers else
+            self.stack.upload_bytes(w.numel(), w.element_size()),
             selection=cfg.selection)
         if actor_names is None:
             worker = ClientWorker(cfg, handle, self.state_root,
@@ -72,8 +70,8 @@ class Server:
         else:
             executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
                                    cfg.runtime.max_actor_restarts, actor_startup_s)
-        self.loop = RoundLoop(self.algorithm, executor, self.sizes, cfg.runtime.logical_shards,
-                              chain, Messages(self.state_root))
+        self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
+                              Messages(self.state_root))
         self.asynchronous = async_loop.for_server(cfg, self.loop, self.sampler)
         reader = handle.open()
         self.client_eval = ClientEvaluation(cfg, reader.holdout_sizes(), executor, run_dir) \
@@ -96,25 +94,23 @@ class Server:
     def _fresh(self) -> None:
         state_store.clear(self.state_root)  # leftovers of a run never checkpointed
         x0 = self.model.w.detach().clone()
-        self.state = self.algorithm.server_init(x0)
-        self.loop.buffers = self.model.get_buffers() if self.model.num_buffers else None
+        self.state = self.stack.init(x0, self.model.get_buffers() if self.model.num_buffers
+                                     else None)
         self.prev_delta = None
         self.next_round = 0
         self.virtual_time = 0.0
         self.elapsed_before = 0.0
-        if has(self.algorithm, "client_setup"):
+        if self.algorithm.traits.has("setup"):
             self.state = self.loop.setup(self.state)
 
     def _restore(self, ck: dict) -> None:
-        self.state, self.loop.versions = ck["state"], ck["versions"]
-        self.loop.buffers = ck.get("buffers")
+        self.state = checkpoint.server_state(self.stack, ck, checkpoint.path_of(self.location))
+        self.loop.versions = ck["versions"]
         self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
         self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
         self.log.truncate(ck["round"])
         if self.client_eval is not None:
             self.client_eval.log.truncate(ck["round"] + 1)
-        if self.loop.transforms is not None:  # e.g. the adaptive clip norm
-            self.loop.transforms.load_server_state(ck.get("transforms"))
         checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
         if self.asynchronous is not None:
             self.asynchronous.restore(ck["asynchronous"])
@@ -159,10 +155,11 @@ class Server:
                 row.update(self.evaluate())
                 if self.client_eval is not None:
                     row.update(self.client_eval.evaluate(
-                        t, self.algorithm.deployed(self.state), self.loop.buffers,
-                        self.loop.versions if has(self.algorithm, "personal_model") else None))
+                        t, self.stack.deployed(self.state), self.state.buffers,
+                        self.loop.versions if self.algorithm.traits.has("personal_model")
+                        else None))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
-            diverged = divergence.flag(row, self.algorithm.deployed(self.state), cfg.loss_ceiling)
+            diverged = divergence.flag(row, self.stack.deployed(self.state), cfg.loss_ceiling)
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
@@ -184,7 +181,7 @@ class Server:
     def round(self, t: int) -> dict:
         """One communication round (in async modes: one server update); returns its row."""
         tick = time.perf_counter()
-        lr = self.algorithm.local_lr(t, self.cfg.local.lr, self.cfg.local.lr_decay)
+        lr = self.stack.client_lr(self.state, t, self.cfg.local.lr, self.cfg.local.lr_decay)
         if self.asynchronous is None:
             out, head = self._sync_round(t, lr)
         else:  # the event loop decides when the server steps; the round code is shared
@@ -203,7 +200,7 @@ class Server:
         num_sampled = len(plan.clients) + len(plan.dropped)
         keep_dir = self._keep_dir(t)
         if keep_dir is not None:
-            start = self.algorithm.broadcast(self.state, t)["x"]
+            start = self.stack.start(self.state, t)
             np.save(os.path.join(keep_dir, "start.npy"), start.detach().cpu().numpy())
         plan_s = time.perf_counter() - tick
         out = self.loop.run(self.state, t, plan.clients, plan.step_budget, lr, num_sampled,
@@ -224,8 +221,8 @@ class Server:
         ``t``'s clients start from (None when the selector scores no candidates)."""
         if not self.sampler.selector.scores_candidates:
             return None
-        start = self.algorithm.broadcast(self.state, t)["x"].detach().cpu().numpy()
-        buffers = None if self.loop.buffers is None else self.loop.buffers.cpu().numpy()
+        start = self.stack.start(self.state, t).detach().cpu().numpy()
+        buffers = None if self.state.buffers is None else self.state.buffers.cpu().numpy()
         return lambda ids: self.loop.executor.client_losses(start, ids, self.cfg.eval.batch_size,
                                                             buffers)
 
@@ -239,11 +236,10 @@ class Server:
 
     def _keep_global(self, path: str, state) -> None:
         """The new deployed model (and the algorithm's extra models) after the round."""
-        models = {"global": self.algorithm.deployed(state),
-                  **self.algorithm.extra_models(state)}
+        models = {"global": self.stack.deployed(state), **self.stack.extra_models(state)}
         for name, vec in models.items():
             np.save(os.path.join(path, f"{name}.npy"), vec.detach().cpu().numpy())
-        if self.loop.buffers is not None:
+        if state.buffers is not None:
             np.save(os.path.join(path, "buffers.npy"), self._final_buffers())
 
     @torch.no_grad()
@@ -252,15 +248,15 @@ class Server:
         when the partition holds some); the algorithm's extra models on the test set."""
         tick = time.perf_counter()
         bs = self.cfg.eval.batch_size
-        deployed = self.algorithm.deployed(self.state)
-        self.model.set_buffers(self.loop.buffers)
+        deployed = self.stack.deployed(self.state)
+        self.model.set_buffers(self.state.buffers)
         out = {}
         for split, (x, y) in self.eval_sets.items():
             out[f"{split}_loss"], out[f"{split}_accuracy"] = self.model.evaluate(
                 deployed, x, y, self.loss_fn, bs)
         test_x, test_y = self.eval_sets["test"]
         out.update(test_metrics(self.handle, self.model, deployed, test_x, test_y, bs))
-        for name, vec in self.algorithm.extra_models(self.state).items():
+        for name, vec in self.stack.extra_models(self.state).items():
             out[f"{name}_test_loss"], out[f"{name}_test_accuracy"] = self.model.evaluate(
                 vec, test_x, test_y, self.loss_fn, bs)
         out["eval_s"] = time.perf_counter() - tick
@@ -270,11 +266,8 @@ class Server:
         keep = t + 1 in self.cfg.checkpoint.keep
         checkpoint.save(self.location, {
             "round": t, "state": self.state, "versions": self.loop.versions,
-            "buffers": self.loop.buffers,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed,
-            "transforms": None if self.loop.transforms is None else
-            self.loop.transforms.server_state(),
             "asynchronous": None if self.asynchronous is None else
             self.asynchronous.snapshot(),
             "selection": self.sampler.selector.state()}, keep=keep)
@@ -284,16 +277,16 @@ class Server:
         state_store.delete_versions(self.state_root,
                                     [p for p in self.loop.superseded if p not in self.pinned])
         self.loop.superseded = []
-        if has(self.algorithm, "client_settle"):
+        if self.algorithm.traits.has("settle"):
             v = self.loop.versions
             self.loop.messages.prune({int(r) for r in v[v >= 0]} | {r for _, r in self.pinned})
 
     def _final_model(self) -> np.ndarray:
-        return self.algorithm.deployed(self.state).detach().cpu().numpy().astype(np.float32)
+        return self.stack.deployed(self.state).detach().cpu().numpy().astype(np.float32)
 
     def _final_buffers(self) -> np.ndarray | None:
         """The global model's buffers (None: the model has none)."""
-        b = self.loop.buffers
+        b = self.state.buffers
         return None if b is None else b.detach().cpu().numpy().astype(np.float32)
 
 

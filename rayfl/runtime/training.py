@@ -1,56 +1,30 @@
 """Training the clients of a round's groups, wherever an executor runs them.
 
 :func:`train_groups` is what every executor does with the groups it is handed: for each client
-in order, load its state, run the algorithm's local rule, pass the update through the
-aggregation transforms, save the new state and add the result to the group's
+in order, load its state, run the algorithm's ``client_train``, pass the upload through the
+layers' client halves, save the new state and add the result to the group's
 :class:`PartialSum`. A Ray client actor, the in-process executor and the gradient-function
 executor of the math tests (:func:`rayfl.runtime.harness.simulate`) all call it, so there is one
-client code path.
+client code path — and one place where what the algorithm hands back is checked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import Callable, Iterable, Protocol, Sequence
 
-import numpy as np
+import torch
 
 from rayfl import rng
-from rayfl.algorithms.base import (Algorithm, ClientResult, ClientTask, Vec, check_client_state,
-                                   has)
+from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
+from rayfl.contract import ComponentError, calling, describe, name_of
+from rayfl.layers import Broadcast, ClientContext, ClientState, Stack
 from rayfl.runtime.aggregate import PartialSum
-from rayfl.runtime.context import BUFFERS, ClientData, LocalContext
-from rayfl.runtime.local import LocalSpec, train_client
-from rayfl.transforms import split
+from rayfl.runtime.client_state import decode, encode
+from rayfl.runtime.context import ClientData, LocalContext
+from rayfl.runtime.local import LocalSpec
 
 #: one client's work order: (client id, aggregation weight, state version, step budget or None)
 Work = tuple[int, float, int, "int | None"]
-
-
-@dataclass
-class ClientOutcome:
-    """One client's round: final iterate, Δ_i, steps, mean loss and the algorithm's result."""
-
-    y: Vec
-    delta: Vec
-    steps: int
-    loss: float
-    result: ClientResult
-
-
-def run_client(algorithm: Algorithm, task: ClientTask, data: ClientData, spec: LocalSpec,
-               rng: np.random.Generator, max_steps: int | None = None) -> ClientOutcome:
-    """Local training of one client from ``task.bc["x"]``: the algorithm's client procedure
-    when it has one, else the flat-vector loop under its :class:`LocalRule`."""
-    x = task.bc["x"]
-    if has(algorithm, "client_train"):
-        ctx = LocalContext(task, data, spec, rng, max_steps)
-        y, result = algorithm.client_train(task, ctx)
-        return ClientOutcome(y, x - y, ctx.steps, ctx.mean_loss(), result)
-    rule = algorithm.client_begin(task)
-    y, steps, loss = train_client(rule, x, data.grad_fn, data.n, spec, task.lr, rng, max_steps)
-    result = algorithm.client_end(task, y, steps)
-    return ClientOutcome(y, x - y, steps, loss, result)
 
 
 class Store(Protocol):
@@ -78,59 +52,92 @@ class MemoryStore:
 Source = Callable[[int], ClientData]
 
 
-def train_groups(algorithm: Algorithm, groups: Iterable[tuple[int, Sequence[Work]]],
-                 bc: dict[str, Vec], lr: float, t: int, seed: int, source: Source,
-                 store: Store, spec: LocalSpec, transforms=None,
+def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext) -> ClientResult:
+    """The algorithm's ``client_train`` for one client, its result checked: one
+    :class:`~rayfl.contract.ComponentError` naming the method, the round and the client when it
+    raises or hands back something else than its contract says."""
+    where = name_of(type(algorithm), "client_train")
+    with calling(where, task.t, task.client_id):
+        result = algorithm.client_train(task, ctx)
+    x = task.bc["x"]
+
+    def fail(problem: str):
+        raise ComponentError(where, problem, task.t, task.client_id)
+
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], ClientResult):
+        fail("returned (y, ClientResult(payload, state)), the interface before rayfl 0.2: "
+             "return ClientResult(y, payload, state) — the final local model first")
+    if not isinstance(result, ClientResult):
+        fail(f"returned {describe(result)}, not a ClientResult(model, payload, state, upload)")
+    for what, vec in (("model", result.model), ("upload", result.upload)):
+        if vec is None and what == "upload":
+            continue
+        if not isinstance(vec, torch.Tensor) or vec.shape != x.shape or \
+                not vec.is_floating_point():
+            fail(f"returned a {what} that is {describe(vec)}, not a floating-point vector "
+                 f"shaped like x {tuple(x.shape)}")
+    if not isinstance(result.payload, dict):
+        fail(f"returned a payload that is {describe(result.payload)}, not a dict")
+    for key, value in result.payload.items():
+        inner = getattr(value, "value", value)  # Rows
+        if not isinstance(inner, (torch.Tensor, int, float)) or isinstance(inner, bool):
+            fail(f"returned payload entry {key!r} that is {describe(inner)}: payload values are "
+                 "tensors or numbers, summed over the round's clients")
+    if result.state is not None:
+        problem = check_client_state(algorithm, result.state, x.numel())
+        if problem:
+            fail(problem)
+    return result
+
+
+def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc: Broadcast,
+                 lr: float, t: int, seed: int, source: Source, store: Store, spec: LocalSpec,
                  on_model: Callable[[int, Vec], None] | None = None, messages=None):
     """Train every client of every group; returns ([(group, PartialSum)], clients written).
 
     A client's state is settled first (the algorithm's ``client_settle`` with the ``messages``
-    of the round that wrote it), when the algorithm has that capability.
+    of the round that wrote it), when the algorithm declares that capability.
     ``on_model(client, y)`` sees each client's final local model (analysis keeps them).
     """
-    keep_models = has(algorithm, "receive_client_models")
-    keep_updates = transforms is not None and transforms.needs_updates
-    settle = has(algorithm, "client_settle")
+    algorithm, layers = stack.algorithm, stack.layers
+    traits = algorithm.traits
     sums, written = [], []
-    t_bc, bc = split(bc)  # the transforms' broadcast values never reach the algorithm
-    global_buffers, bc = _without(bc, BUFFERS)
+    x = bc.algorithm["x"]
     for group, tasks in groups:
         acc = PartialSum()
         for client, weight, version, budget in tasks:
             data = source(client)
-            t_state, state = split(store.load(client, version))
-            own_buffers, state = _without(state, BUFFERS)
-            if state is not None and settle:
+            saved = decode(store.load(client, version), stack)
+            state = saved.algorithm
+            if state is not None and traits.has("settle"):
                 state = algorithm.client_settle(state, messages.load(version))
             if data.has_buffers:
-                use_own = algorithm.local_buffers and own_buffers is not None
-                data.model.set_buffers(own_buffers if use_own else global_buffers)
-            task = ClientTask(client, t, lr, weight, bc, state,
-                              spec.num_steps(data.n) if budget is None
-                              else min(spec.num_steps(data.n), budget))
-            out = run_client(algorithm, task, data, spec, rng.client_stream(seed, t, client), budget)
+                own = traits.local_buffers and saved.buffers is not None
+                data.model.set_buffers(saved.buffers if own else bc.buffers)
+            steps = spec.num_steps(data.n)
+            task = ClientTask(client, t, lr, weight, bc.algorithm, state,
+                              steps if budget is None else min(steps, budget))
+            ctx = LocalContext(task, data, spec, rng.client_stream(seed, t, client), budget)
+            result = run_client(algorithm, task, ctx)
             if on_model is not None:
-                on_model(client, out.y)
-            delta, result = out.delta, out.result
-            if result.state is not None:
-                check_client_state(algorithm, result.state, out.y.numel())
-            if transforms is not None:
-                delta, t_state, extra = transforms.apply(delta, t, client, t_bc, t_state)
-                result = ClientResult({**result.payload, **extra}, result.state)
+                on_model(client, result.model)
+            delta = x - result.model if result.upload is None else result.upload
+            loss = ctx.mean_loss()
+            kept, payloads = [], []
+            for i, layer in enumerate(layers):
+                lc = ClientContext(t, client, loss, weight, data.n, bc.layers[i],
+                                   dict(saved.layers[i] or {}))
+                delta = layer.client_apply(delta, t, client, lc)
+                kept.append(lc.state or None)
+                payloads.append(lc.payload)
             buffers = data.model.get_buffers() if data.has_buffers else None
-            kept = {BUFFERS: buffers} if buffers is not None and algorithm.local_buffers else {}
-            if result.state is not None or t_state or kept:  # a transform's state: EF residuals
-                store.save(client, t, {**(result.state or {}), **t_state, **kept})
+            new = ClientState(result.state, tuple(kept),
+                              buffers if traits.local_buffers else None)
+            if not new.empty():
+                store.save(client, t, encode(new))
                 written.append(client)
-            acc.add_client(client, delta, weight, out.steps, data.n, out.loss, result,
-                           out.y if keep_models else None, buffers, keep_updates)
+            acc.add_client(client, delta, weight, ctx.steps, data.n, loss, result.payload,
+                           payloads, buffers, stack.needs_updates,
+                           name_of(type(algorithm), "client_train"), t)
         sums.append((group, acc))
     return sums, written
-
-
-def _without(values: dict | None, key: str) -> tuple[Any, dict | None]:
-    """(``values[key]`` or None, a copy of ``values`` without it, None when nothing is left)."""
-    if not values or key not in values:
-        return None, values
-    rest = {k: v for k, v in values.items() if k != key}
-    return values[key], rest or None

@@ -8,7 +8,7 @@ resumed or forked run selects exactly as the uninterrupted one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import numpy as np
@@ -23,6 +23,14 @@ class SelectionContext:
     duration: Callable[[np.ndarray], np.ndarray]  # clients -> virtual seconds of a full round
 
 
+@dataclass(frozen=True)
+class SelectorTraits:
+    """What a selector declares besides its keys: the tuner's preset (dotted run-config key ->
+    parameter spec; its keys pick the selector too)."""
+
+    search_space: dict = field(default_factory=dict)
+
+
 class Selector:
     """Uniform selection (the default); subclasses override :meth:`select`. A selector that
     sets ``scores_candidates`` receives ``losses`` (client ids -> training loss at the round's
@@ -31,6 +39,7 @@ class Selector:
     name: ClassVar[str] = "uniform"
     Params: ClassVar[Any] = None
     scores_candidates: ClassVar[bool] = False
+    traits: ClassVar[SelectorTraits] = SelectorTraits()
 
     def __init__(self, params: Any, ctx: SelectionContext):
         self.p, self.ctx = params, ctx

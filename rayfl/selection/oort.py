@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfl import schema
-from rayfl.selection.base import Selector
+from rayfl.selection.base import Selector, SelectorTraits
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,13 @@ class Oort(Selector):
     name = "oort"
     Params = OortParams
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset ``oort``: Oort selects, with its exploration share ε, straggler
-        penalty α and cut-off c searched."""
-        return {"selection.name": {"type": "categorical", "choices": ["oort"]},
-                "selection.exploration": {"low": 0.2, "high": 0.9},
-                "selection.penalty": {"low": 0.5, "high": 4.0},
-                "selection.cutoff": {"low": 0.8, "high": 1.0}}
+    #: the tuner's preset ``oort``: Oort selects, with its exploration share ε, straggler
+    #: penalty α and cut-off c searched
+    traits = SelectorTraits(search_space={
+        "selection.name": {"type": "categorical", "choices": ["oort"]},
+        "selection.exploration": {"low": 0.2, "high": 0.9},
+        "selection.penalty": {"low": 0.5, "high": 4.0},
+        "selection.cutoff": {"low": 0.8, "high": 1.0}})
 
     def __init__(self, params, ctx):
         super().__init__(params, ctx)

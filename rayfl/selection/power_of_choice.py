@@ -14,7 +14,7 @@ import numpy as np
 
 from rayfl import schema
 from rayfl.schema import ConfigError
-from rayfl.selection.base import Selector
+from rayfl.selection.base import Selector, SelectorTraits
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,11 @@ class PowerOfChoice(Selector):
     Params = PowerOfChoiceParams
     scores_candidates = True
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset ``power_of_choice``: Power-of-Choice selects, with d searched
-        from 1× to 5× the 10 clients a round of the shipped configs."""
-        return {"selection.name": {"type": "categorical", "choices": ["power_of_choice"]},
-                "selection.candidates": {"type": "int", "low": 10, "high": 50}}
+    #: the tuner's preset ``power_of_choice``: Power-of-Choice selects, with d searched from
+    #: 1× to 5× the 10 clients a round of the shipped configs
+    traits = SelectorTraits(search_space={
+        "selection.name": {"type": "categorical", "choices": ["power_of_choice"]},
+        "selection.candidates": {"type": "int", "low": 10, "high": 50}})
 
     def select(self, t, rng, online, m, losses):
         p = self.ctx.sizes[online] / self.ctx.sizes[online].sum()

@@ -26,6 +26,7 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
+from rayfl.layers import Facts
 from rayfl.transforms import ClientContext, Transform
 
 
@@ -52,25 +53,27 @@ def update_noise_multiplier(z: float, count_noise: float) -> float:
     return math.inf if rest <= 0 else rest ** -0.5
 
 
+@dataclass(frozen=True)
+class ClipNorm:
+    """Adaptive clipping's server slot: S_t, the clip norm the next round's clients use."""
+
+    value: float
+
+
 class GaussianDP(Transform):
     """Clip each client update to S; add N(0, (zS)²) to the sum; divide by K."""
 
     name = "dp_gaussian"
     Params = GaussianDPParams
 
-    def __init__(self, params: GaussianDPParams | None = None, seed: int = 0):
-        super().__init__(params, seed)
-        self.clip = self.p.clip_norm  # S_t (server state when adaptive)
-        self.used = self.clip  # S of the round just aggregated
-
     @classmethod
-    def from_privacy(cls, cfg) -> "GaussianDP":
+    def of(cls, privacy, facts: Facts) -> "GaussianDP":
         """The mechanism of a run's ``privacy`` section."""
-        p, ad = cfg.privacy, cfg.privacy.adaptive_clip
+        ad = privacy.adaptive_clip
         return cls(GaussianDPParams(
-            p.noise_multiplier, p.clip_norm, cfg.clients_per_round,
+            privacy.noise_multiplier, privacy.clip_norm, facts.clients_per_round,
             None if ad is None else ad.target_quantile, 0.2 if ad is None else ad.learning_rate,
-            None if ad is None else ad.count_noise), cfg.seed)
+            None if ad is None else ad.count_noise), facts)
 
     @property
     def adaptive(self) -> bool:
@@ -88,9 +91,16 @@ class GaussianDP(Transform):
         z = self.p.noise_multiplier
         return update_noise_multiplier(z, self.count_noise) if self.adaptive and z > 0 else z
 
-    def broadcast(self, t: int) -> dict[str, Vec]:
-        return {"clip_norm": torch.tensor([self.clip], dtype=torch.float64)} if self.adaptive \
-            else {}
+    def init(self, x0: Vec) -> ClipNorm | None:
+        return ClipNorm(self.p.clip_norm) if self.adaptive else None
+
+    def clip(self, slot: ClipNorm | None) -> float:
+        """S of the round a slot belongs to."""
+        return self.p.clip_norm if slot is None else slot.value
+
+    def broadcast(self, slot: ClipNorm | None, t: int) -> dict[str, Vec]:
+        return {} if slot is None else \
+            {"clip_norm": torch.tensor([slot.value], dtype=torch.float64)}
 
     def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
         s = float(ctx.broadcast["clip_norm"][0]) if "clip_norm" in ctx.broadcast else \
@@ -101,12 +111,12 @@ class GaussianDP(Transform):
         return delta if norm <= s else delta * (s / norm)
 
     def client(self, delta: Vec, t: int, client: int) -> Vec:
-        return self.client_apply(delta, t, client, ClientContext())
+        return self.client_apply(delta, t, client, ClientContext(t, client))
 
-    def noise(self, t: int, dim: int) -> np.ndarray:
+    def noise(self, t: int, dim: int, clip: float) -> np.ndarray:
         """Round t's noise vector (float64), std z·S per coordinate (z_Δ·S_t when adaptive)."""
         draw = rng.stream(self.seed, t, rng.DP_NOISE)
-        return draw.standard_normal(dim) * (self.update_multiplier * self.clip)
+        return draw.standard_normal(dim) * (self.update_multiplier * clip)
 
     def count_estimate(self, centred: float, t: int) -> float:
         """b̃ = (Σ (b_i − ½) + N(0, σ_b²)) / K + ½."""
@@ -114,24 +124,19 @@ class GaussianDP(Transform):
         return (centred + draw.standard_normal() * self.count_noise) / self.p.expected_clients \
             + 0.5
 
-    def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
-        k = float(self.p.expected_clients)
-        noisy = agg.delta_sum + torch.from_numpy(self.noise(t, agg.delta_sum.numel())).to(
-            agg.delta_sum.dtype)
-        self.used = self.clip
-        extras = dict(agg.extras)
+    def aggregate(self, slot: ClipNorm | None, agg: Aggregate, sums: dict, srv
+                  ) -> tuple[Aggregate, ClipNorm | None, dict]:
+        t, k, used = srv.t, float(self.p.expected_clients), self.clip(slot)
+        noisy = agg.delta_sum + torch.from_numpy(
+            self.noise(t, agg.delta_sum.numel(), used)).to(agg.delta_sum.dtype)
         if self.adaptive:
-            b = self.count_estimate(float(extras.pop("unclipped", 0.0)), t)
-            self.clip = self.clip * math.exp(-self.p.clip_lr * (b - self.p.target_quantile))
-        return dataclasses.replace(agg, delta_sum=noisy, delta_mean=noisy / k, weight_sum=k,
-                                   delta_sq_sum=float("nan"), extras=extras)
+            b = self.count_estimate(float(sums.get("unclipped", 0.0)), t)
+            slot = ClipNorm(used * math.exp(-self.p.clip_lr * (b - self.p.target_quantile)))
+        return (dataclasses.replace(agg, delta_sum=noisy, delta_mean=noisy / k, weight_sum=k,
+                                    delta_sq_sum=float("nan")),
+                slot, {"dp_clip_norm": used})
 
-    def metrics(self) -> dict[str, float]:
-        return {"dp_clip_norm": self.used}
-
-    def server_state(self) -> dict:
-        return {"clip_norm": self.clip, "used": self.used}
-
-    def load_server_state(self, state: dict) -> None:
-        if "clip_norm" in state:  # (a fork may put the mechanism where another step was)
-            self.clip, self.used = float(state["clip_norm"]), float(state["used"])
+    def from_legacy(self, old: dict) -> ClipNorm | None:
+        """The slot of a rayfl 0.1 checkpoint's ``{clip_norm, used}``."""
+        return ClipNorm(float(old["clip_norm"])) if self.adaptive and "clip_norm" in old \
+            else self.init(None)

@@ -37,6 +37,7 @@ import torch
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.schema import ConfigError
+from rayfl.layers import LayerTraits
 from rayfl.transforms import ClientContext, NoParams, Transform
 
 
@@ -44,33 +45,17 @@ from rayfl.transforms import ClientContext, NoParams, Transform
 class RobustRule(Transform, abc.ABC):
     """A server step that needs every update of the round (``needs_updates``)."""
 
-    needs_updates = True
+    traits = LayerTraits(needs_updates=True)
 
     @abc.abstractmethod
     def rule(self, updates: torch.Tensor) -> Vec:
         """The robust estimate of the mean of ``updates`` (m × d)."""
 
-    def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
+    def aggregate(self, slot, agg: Aggregate, sums: dict, srv):
         if agg.count == 0:
-            return agg
-        return dataclasses.replace(agg, delta_mean=self.rule(agg.updates).to(agg.delta_mean.dtype))
-
-    @classmethod
-    def check_config(cls, params, cfg, where: str) -> None:
-        algo = cfg.algorithm.component()
-        reasons = [
-            (cfg.privacy is not None, "privacy", "set",
-             "no privacy section (DP-FedAvg privatises the sum, the rule reads single updates)"),
-            (any(e.get("name") == "secagg" for e in cfg.aggregation.transforms),
-             where, cls.name, "no secagg step beside it (secure aggregation reveals only the "
-                              "sum)"),
-            (not algo.dp_post_processing, "algorithm.name", cfg.algorithm.name,
-             f"an algorithm whose server reads only the mean update with {cls.name} (its other "
-             "per-client sums would not be robust)"),
-        ]
-        for hit, key, value, expected in reasons:
-            if hit:
-                raise ConfigError(key, value, expected)
+            return agg, slot, {}
+        mean = self.rule(agg.updates).to(agg.delta_mean.dtype)
+        return dataclasses.replace(agg, delta_mean=mean), slot, {}
 
 
 class Median(RobustRule):
@@ -105,10 +90,9 @@ class TrimmedMean(RobustRule):
     name = "trimmed_mean"
     Params = TrimmedMeanParams
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset ``trimmed_mean``: the trimmed fraction β."""
-        return {"aggregation.transforms.trimmed_mean.beta": {"low": 0.0, "high": 0.4}}
+    #: the tuner's preset ``trimmed_mean``: the trimmed fraction β
+    traits = LayerTraits(needs_updates=True, search_space={
+        "aggregation.transforms.trimmed_mean.beta": {"low": 0.0, "high": 0.4}})
 
     def rule(self, updates: torch.Tensor) -> Vec:
         m = len(updates)
@@ -136,20 +120,21 @@ class Krum(RobustRule):
     name = "krum"
     Params = KrumParams
 
-    @classmethod
-    def search_space(cls) -> dict[str, dict]:
-        """The tuner's preset ``krum``: f and k (k = 1: Krum) for rounds of 10 clients."""
-        return {"aggregation.transforms.krum.byzantine": {"type": "int", "low": 0, "high": 3},
-                "aggregation.transforms.krum.select": {"type": "int", "low": 1, "high": 5}}
+    #: the tuner's preset ``krum``: f and k (k = 1: Krum) for rounds of 10 clients
+    traits = LayerTraits(needs_updates=True, search_space={
+        "aggregation.transforms.krum.byzantine": {"type": "int", "low": 0, "high": 3},
+        "aggregation.transforms.krum.select": {"type": "int", "low": 1, "high": 5}})
 
-    def __init__(self, params=None, seed: int = 0):
-        super().__init__(params, seed)
-        self.fallbacks = 0
+    def init(self, x0: Vec) -> int:
+        return 0  # rounds that fell back to the plain mean so far
+
+    def fallback(self, m: int) -> bool:
+        """Whether ``m`` updates are too few for Krum with f Byzantine (m ≤ 2f + 2)."""
+        return m <= 2 * self.p.byzantine + 2
 
     def rule(self, updates: torch.Tensor) -> Vec:
         m, f = len(updates), self.p.byzantine
-        if m <= 2 * f + 2:
-            self.fallbacks += 1
+        if self.fallback(m):
             return updates.mean(0)
         d2 = torch.cdist(updates, updates).pow(2)
         nearest = d2.sort(1).values[:, 1:m - f - 1]  # column 0 is the update itself
@@ -157,8 +142,15 @@ class Krum(RobustRule):
         best = torch.argsort(scores, stable=True)[:min(self.p.select, m)]
         return updates[best].mean(0)
 
-    def metrics(self) -> dict[str, float]:
-        return {"krum_fallbacks": float(self.fallbacks)}
+    def aggregate(self, slot: int, agg: Aggregate, sums: dict, srv):
+        if agg.count and self.fallback(agg.count):
+            slot += 1
+        agg, _, _ = super().aggregate(slot, agg, sums, srv)
+        return agg, slot, {"krum_fallbacks": float(slot)}
+
+    def from_legacy(self, old: dict) -> int:
+        """rayfl 0.1 kept no count in its checkpoints."""
+        return 0
 
 
 def _chunked(updates: torch.Tensor, fn, size: int = 1 << 16) -> Vec:
@@ -209,10 +201,6 @@ class Attack(Transform):
             delta.numel())
         return torch.from_numpy(noise * self.p.sigma).to(delta.dtype).to(delta.device)
 
-    def __init__(self, params=None, seed: int = 0):
-        super().__init__(params, seed)
-        self.attackers = 0.0
-
     @classmethod
     def check_data(cls, params, handle, where: str) -> None:
         if params.kind == "label_flip" and handle.kind in ("tokens", "ids"):
@@ -220,9 +208,5 @@ class Attack(Transform):
                               "sign_flip, scale or gaussian on this dataset (label_flip needs "
                               f"class labels; {handle.kind} data has none)")
 
-    def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
-        self.attackers = float(agg.extras.get("attackers", 0.0))
-        return agg
-
-    def metrics(self) -> dict[str, float]:
-        return {"attackers": self.attackers}
+    def aggregate(self, slot, agg: Aggregate, sums: dict, srv):
+        return agg, slot, {"attackers": float(sums.get("attackers", 0.0))}

@@ -25,6 +25,7 @@ from rayfl import schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.schema import ConfigError
 from rayfl import rng
+from rayfl.layers import Facts, LayerTraits
 from rayfl.transforms import Transform
 
 
@@ -50,13 +51,13 @@ class SecAgg(Transform):
 
     name = "secagg"
     Params = SecAggParams
-    transport = True
+    traits = LayerTraits(transport=True)
 
-    @classmethod
-    def from_run(cls, params: SecAggParams, cfg) -> "SecAgg":
-        if params.max_clients == 0:
-            params = dataclasses.replace(params, max_clients=cfg.clients_per_round)
-        return cls(params, cfg.seed)
+    def __init__(self, params: SecAggParams | None = None, facts: Facts | None = None):
+        super().__init__(params, facts)
+        if self.params.max_clients == 0:  # m defaults to the round's clients
+            self.params = dataclasses.replace(self.params,
+                                              max_clients=self.facts.clients_per_round)
 
     @classmethod
     def check_config(cls, params, cfg, where: str) -> None:
@@ -84,8 +85,8 @@ class SecAgg(Transform):
         scaled = x * 2.0 ** self.frac_bits
         if self.p.randomized_rounding:
             low = torch.floor(scaled)
-            u = torch.from_numpy(rng.client_stream(self.seed, t, client, rng.SECAGG_ROUNDING).random(
-                delta.numel()))
+            u = torch.from_numpy(rng.client_stream(self.seed, t, client,
+                                                   rng.SECAGG_ROUNDING).random(delta.numel()))
             ints = low + (u < scaled - low).double()
         else:
             ints = torch.round(scaled)
@@ -97,11 +98,11 @@ class SecAgg(Transform):
         wrapped = torch.remainder(total.double() + m / 2, m) - m / 2
         return (wrapped * 2.0 ** -self.frac_bits).to(total.dtype)
 
-    def aggregate(self, agg: Aggregate, t: int) -> Aggregate:
+    def aggregate(self, slot, agg: Aggregate, sums: dict, srv):
         total = self.decode(agg.delta_sum)
         return dataclasses.replace(agg, delta_sum=total,
                                    delta_mean=total / max(agg.weight_sum, 1e-300),
-                                   delta_sq_sum=float("nan"))
+                                   delta_sq_sum=float("nan")), slot, {}
 
     def upload_bytes(self, numel: int, incoming: float) -> float:
         return math.ceil(numel * self.p.bits / 8)

@@ -1,0 +1,276 @@
+"""Which combinations a run may ask for: one table of rules over the config and the layers' traits.
+
+Every component declares what it is and what it refuses in its traits
+(:class:`~rayfl.algorithms.base.Traits`, :class:`~rayfl.layers.LayerTraits`); this module is the
+one place that reads them against the rest of the config. A :class:`Rule` is a condition, the
+config key it refuses and the reason; :func:`check` raises the first one that holds as a
+:class:`~rayfl.schema.ConfigError` naming the key (exit 2, before anything starts). Rules that
+need the model (its BatchNorm buffers) run once the model is built (:func:`check_model`).
+A component's rules on its own keys stay in its ``check_config``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rayfl.schema import ConfigError, to_dict
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the rules read: the config, the algorithm's class and traits, the wrappers'
+    (where, class) and the transforms' (where, name), and the model's facts when known."""
+
+    cfg: Any
+    cls: Any
+    traits: Any
+    wrappers: tuple
+    transforms: tuple
+    buffers: bool = False  # the model has buffers (BatchNorm statistics)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.algorithm.name
+
+    @property
+    def weighting(self) -> str:
+        """What ``aggregation.weighting`` means here (``auto`` resolved)."""
+        from rayfl.algorithms.checks import effective_weighting
+
+        return effective_weighting(self.cls, self.cfg)
+
+    @property
+    def mode(self) -> str:
+        return self.cfg.aggregation.mode
+
+    def has_transform(self, name: str) -> str | None:
+        """Where the first transform called ``name`` is configured (None: none is)."""
+        return next((where for where, n in self.transforms if n == name), None)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When ``when(run)`` holds, ``key`` (with its value) is refused: ``expected(run)`` says
+    what it must be instead, and why."""
+
+    key: str | Callable[[Run], str]
+    when: Callable[[Run], bool]
+    expected: Callable[[Run], str]
+    value: Callable[[Run], Any] | None = None
+    needs_model: bool = False
+
+    def check(self, run: Run) -> None:
+        if self.when(run):
+            key = self.key(run) if callable(self.key) else self.key
+            value = self.value(run) if self.value is not None else _value(run.cfg, key)
+            raise ConfigError(key, value, self.expected(run))
+
+
+def _value(cfg: Any, key: str) -> Any:
+    """The config's value at a dotted key (a section as a plain dict)."""
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part, None)
+    return to_dict(node) if hasattr(node, "__dataclass_fields__") else node
+
+
+def _takes_server_opt(cls) -> bool:
+    from rayfl.algorithms.base import Algorithm
+
+    return cls.traits.server_opt and cls.default_server_opt is Algorithm.default_server_opt
+
+
+def _names(test: Callable[[Any], bool]) -> str:
+    """The built-in algorithms whose class passes ``test``."""
+    from rayfl.algorithms import registry
+
+    return ", ".join(n for n in registry.names() if test(registry.get(n)))
+
+
+def _plain(key: str, plain: Any) -> Rule:
+    return Rule(key, lambda r: r.traits.plain_sgd is not None and _value(r.cfg, key) != plain,
+                lambda r: f"{plain} with {r.name} ({r.traits.plain_sgd})")
+
+
+_ASYNC = "with aggregation.mode "
+
+#: the rules, in the order they are checked
+RULES: tuple[Rule, ...] = (
+    # ----- the algorithm against the local optimiser ---------------------------------------
+    Rule("aggregation.weighting",
+         lambda r: r.cfg.aggregation.weighting not in ("auto", "samples", "uniform",
+                                                       *r.traits.weightings),
+         lambda r: f"one of {', '.join(('auto', 'samples', 'uniform', *r.traits.weightings))} "
+                   f"with {r.name} ({r.cfg.aggregation.weighting} weighting is defined only "
+                   f"for {_names(lambda c: r.cfg.aggregation.weighting in c.traits.weightings)})"),
+    *(_plain(key, plain) for key, plain in (
+        ("local.optimizer", "sgd"), ("local.momentum", 0.0), ("local.weight_decay", 0.0),
+        ("local.clip_norm", None))),
+    Rule("local.momentum",
+         lambda r: r.traits.local_momentum is not None and bool(r.cfg.local.momentum),
+         lambda r: f"0 with {r.name} ({r.traits.local_momentum})"),
+    Rule("local.optimizer",
+         lambda r: r.traits.adam is not None and r.cfg.local.optimizer == "adam",
+         lambda r: f"sgd with {r.name} ({r.traits.adam})"),
+    Rule("server_opt", lambda r: r.cfg.server_opt is not None and not _takes_server_opt(r.cls),
+         lambda r: f"no server_opt with {r.name} (algorithms that take one: "
+                   f"{_names(_takes_server_opt)}; fedavgm/fedadam/fedyogi/fedadagrad are "
+                   "fedavg presets)"),
+    Rule("eval.finetune_steps",
+         lambda r: bool(r.cfg.eval.finetune_steps) and r.traits.has("personal_model"),
+         lambda r: f"0 with {r.name} (its own model of each client is the personal_* score of "
+                   "eval.clients)"),
+    # ----- wrappers -------------------------------------------------------------------------
+    Rule(lambda r: next(f"{w}.name" for w, c in r.wrappers if c.traits.averages_rounds),
+         lambda r: r.traits.averaging is not None and any(c.traits.averages_rounds
+                                                          for _, c in r.wrappers),
+         lambda r: f"no wrapper averaging server models over rounds around {r.name} "
+                   f"({r.traits.averaging})",
+         value=lambda r: next(c.name for _, c in r.wrappers if c.traits.averages_rounds)),
+    # ----- privacy (DP-FedAvg) ----------------------------------------------------------------
+    Rule("privacy", lambda r: r.cfg.privacy is not None and not r.traits.dp_post_processing,
+         lambda r: f"an algorithm whose server only post-processes the noised mean update "
+                   f"({_names(lambda c: c.traits.dp_post_processing)}); {r.name} sends or "
+                   "reads per-client quantities the mechanism does not privatise",
+         value=lambda r: r.name),
+    Rule("aggregation.weighting", lambda r: r.cfg.privacy is not None and r.weighting != "uniform",
+         lambda r: "uniform or auto with privacy (DP-FedAvg's fixed-denominator estimator "
+                   "gives every client weight 1)"),
+    Rule("availability.model",
+         lambda r: r.cfg.privacy is not None and r.cfg.availability.model != "always",
+         lambda r: "always with privacy (the accountant assumes uniform client sampling)"),
+    Rule("availability.overcommit",
+         lambda r: r.cfg.privacy is not None and r.cfg.availability.overcommit != 1.0,
+         lambda r: "1 with privacy (the accountant models clients_per_round draws)"),
+    Rule("selection.name",
+         lambda r: r.cfg.privacy is not None and r.cfg.selection.name != "uniform",
+         lambda r: "uniform with privacy (the accountant assumes uniform client sampling; "
+                   "loss-based selection also reads client data unprotected)"),
+    # ----- robust rules read single updates ---------------------------------------------------
+    *(Rule(key, lambda r, when=when: any(c.traits.needs_updates for c in _transform_classes(r))
+           and when(r), lambda r, why=why: f"{why(r)} with {_robust(r)}", value=value)
+      for key, when, why, value in (
+          ("privacy", lambda r: r.cfg.privacy is not None,
+           lambda r: "no privacy section (DP-FedAvg privatises the sum, the rule reads single "
+                     "updates)", lambda r: "set"),
+          (lambda r: r.has_transform("secagg"), lambda r: r.has_transform("secagg") is not None,
+           lambda r: "no secagg step beside it (secure aggregation reveals only the sum)",
+           lambda r: "secagg"),
+          ("algorithm.name", lambda r: not r.traits.dp_post_processing,
+           lambda r: "an algorithm whose server reads only the mean update (its other "
+                     "per-client sums would not be robust)", lambda r: r.name))),
+    # ----- FedBuff / FedAsync -----------------------------------------------------------------
+    Rule("aggregation.mode", lambda r: r.mode != "sync" and r.traits.asynchronous is not None,
+         lambda r: f"sync with {r.name} ({r.traits.asynchronous}; algorithms defined "
+                   f"asynchronously: {_names(lambda c: c.traits.asynchronous is None)})"),
+    Rule("aggregation.mode", lambda r: r.mode != "sync" and r.traits.has("settle"),
+         lambda r: f"sync with {r.name} (its client_settle reads the aggregate of the round a "
+                   "client trained in; a client's update here joins a later server step)"),
+    Rule(lambda r: next(f"{w}.name" for w, c in r.wrappers if c.traits.asynchronous),
+         lambda r: r.mode != "sync" and any(c.traits.asynchronous for _, c in r.wrappers),
+         lambda r: next(f"no {c.name} wrapper ({c.traits.asynchronous}) {_ASYNC}{r.mode}"
+                        for _, c in r.wrappers if c.traits.asynchronous),
+         value=lambda r: next(c.name for _, c in r.wrappers if c.traits.asynchronous)),
+    *(Rule(key, lambda r, bad=bad: r.mode != "sync" and bad(r.cfg),
+           lambda r, why=why: f"{why} {_ASYNC}{r.mode}", value=value)
+      for key, bad, why, value in (
+          ("privacy", lambda c: c.privacy is not None,
+           "no privacy section (the accountant assumes uniformly sampled synchronous rounds)",
+           lambda r: "(set)"),
+          ("availability.deadline_s", lambda c: c.availability.deadline_s is not None,
+           "null (a round deadline has no meaning without rounds)", None),
+          ("availability.stragglers", lambda c: c.availability.stragglers > 0,
+           "0 (device speeds already make clients late; stragglers cut a synchronous round)",
+           None),
+          ("availability.overcommit", lambda c: c.availability.overcommit != 1.0,
+           "1 (slots are refilled as clients arrive; nothing to over-commit)", None),
+          ("availability.interval_s", lambda c: c.availability.interval_s != 0.0,
+           "0 (the server never idles between rounds)", None),
+          ("selection.name", lambda c: c.selection.name != "uniform",
+           "uniform (a freed slot is refilled at once; there is no round of candidates to "
+           "score)", None),
+          ("data.regime", lambda c: c.data.regime is not None,
+           "null (the drift regimes re-split a synchronous round's data)", None),
+          ("keep.rounds", lambda c: bool(c.keep.rounds),
+           "empty (kept rounds are synchronous rounds)", None),
+          ("keep.last", lambda c: c.keep.last > 0, "0 (kept rounds are synchronous rounds)",
+           None))),
+    Rule(lambda r: r.has_transform("secagg") + ".name",
+         lambda r: r.mode == "fedasync" and r.has_transform("secagg") is not None,
+         lambda r: "no secagg with aggregation.mode fedasync (a sum of one update reveals it, "
+                   "and the mixing step needs it decoded)", value=lambda r: "secagg"),
+    Rule("aggregation.staleness",
+         lambda r: r.mode == "fedbuff" and r.has_transform("secagg") is not None
+         and r.cfg.aggregation.staleness != "constant",
+         lambda r: f"constant with {r.has_transform('secagg')} = secagg in aggregation.mode "
+                   f"{r.mode} (the server sees only the sum and cannot weight each update by "
+                   "its staleness)"),
+    Rule("aggregation.concurrency",
+         lambda r: r.mode != "sync" and _concurrency(r.cfg) > _trainable(r.cfg),
+         lambda r: f"at most data.num_clients - data.validation_clients = {_trainable(r.cfg)}",
+         value=lambda r: _concurrency(r.cfg)),
+    # ----- models with buffers (BatchNorm statistics) -----------------------------------------
+    *(Rule("model.name", lambda r, when=when: r.buffers and when(r),
+           lambda r, why=why: "a model without buffers (BatchNorm statistics: use GroupNorm or "
+                              f"no normalisation) {why(r)}", needs_model=True)
+      for when, why in (
+          (lambda r: r.traits.buffers is not None,
+           lambda r: f"with {r.name} ({r.traits.buffers})"),
+          (lambda r: r.cfg.privacy is not None,
+           lambda r: "with a privacy section (the statistics are client data and would be "
+                     "averaged without clipping or noise)"),
+          (lambda r: any(c.traits.buffers for _, c in r.wrappers),
+           lambda r: next(f"with wrapper {c.name} ({c.traits.buffers})"
+                          for _, c in r.wrappers if c.traits.buffers)),
+          (lambda r: r.mode != "sync",
+           lambda r: f"with aggregation.mode {r.mode} (statistics of models of different "
+                     "ages)"))),
+)
+
+
+def _trainable(cfg) -> int:
+    return cfg.data.num_clients - cfg.data.validation_clients
+
+
+def _concurrency(cfg) -> int:
+    return cfg.aggregation.concurrency or cfg.clients_per_round
+
+
+def _transform_classes(run: Run) -> list:
+    from rayfl.transforms import REGISTRY
+
+    return [REGISTRY[name] for _, name in run.transforms if name in REGISTRY]
+
+
+def _robust(run: Run) -> str:
+    """The first robust rule configured, by name."""
+    return next(c.name for c in _transform_classes(run) if c.traits.needs_updates)
+
+
+def run_of(cfg, buffers: bool = False) -> Run:
+    """The facts the rules read of a validated config."""
+    from rayfl.algorithms.wrapper import wrapper_classes
+    from rayfl.transforms import entries_of
+
+    cls = cfg.algorithm.component()
+    return Run(cfg, cls, cls.traits, tuple((w, c) for w, c, _ in wrapper_classes(cfg)),
+               tuple((w, e["name"]) for w, e in entries_of(cfg)), buffers)
+
+
+def check(cfg) -> None:
+    """Every rule that needs no model (ConfigError naming the key of the first that fails)."""
+    run = run_of(cfg)
+    for rule in RULES:
+        if not rule.needs_model:
+            rule.check(run)
+
+
+def check_model(cfg, module) -> None:
+    """The rules that need the model: its buffers (BatchNorm statistics)."""
+    from rayfl.models.flat import persistent_buffers
+
+    run = run_of(cfg, bool(persistent_buffers(module)))
+    for rule in RULES:
+        if rule.needs_model:
+            rule.check(run)

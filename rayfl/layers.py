@@ -1,0 +1,415 @@
+"""A run as a stack of layers, each owning one typed slot of the state.
+
+The algorithm is the innermost layer; around it sit the server wrappers (IMA, a moving average,
+a schedule: the ``wrappers`` section, innermost first) and the aggregation transforms (clipping,
+compression, DP, SecAgg, robust rules, attackers: ``aggregation.transforms``). A wrapper and a
+transform are the same kind of thing, a :class:`Layer`, with
+
+- an optional *client half*: after local training it sees the client's upload and may change it
+  (:meth:`Layer.client_apply`), keep a client slot of its own (error-feedback residuals) and add
+  to a payload summed over the round into its own sums (a wrapper asking its clients for their
+  training loss);
+- a *server half*: over the round's aggregate on the way in (:meth:`Layer.aggregate`) and over
+  the new model on the way out (:meth:`Layer.after`), with a server slot of its own; it may set
+  the clients' learning rate from that slot (:meth:`Layer.client_lr`) and the model deployed.
+
+Client halves run in stack order and server halves in reverse (the last encoder on the client is
+the first decoder at the server), as pfl-research's postprocessors do; then the algorithm's
+server update (stepping the server optimiser, a slot of its own), then each layer's
+:meth:`Layer.after`, innermost first. The state is a tree — :class:`ServerState` on the server,
+:class:`ClientState` per client, :class:`Broadcast` per round — with one slot per layer: no
+layer reads or writes another's, and checkpoints, resume and fork check the tree by its
+structure (:func:`structure`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec
+from rayfl.algorithms.server_opt import ServerOpt
+from rayfl.schema import NoParams
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The few facts about a run that a layer may need beside its own section."""
+
+    seed: int = 0
+    rounds: int = 1
+    clients_per_round: int = 1
+    num_clients: int = 1
+    #: the server optimiser has per-coordinate step sizes (FedAdam, FedYogi, FedAdagrad)
+    adaptive_server_opt: bool = False
+
+
+@dataclass(frozen=True)
+class LayerTraits:
+    """What a layer needs and what it refuses (None: accepted; a string: the reason)."""
+
+    #: the server half reads every client's upload at once (``Aggregate.updates``): robust rules
+    needs_updates: bool = False
+    #: runs after every other client half (and first at the server): SecAgg's transport
+    transport: bool = False
+    #: why FedBuff / FedAsync are refused
+    asynchronous: str | None = None
+    #: why models with buffers (BatchNorm statistics) are refused
+    buffers: str | None = None
+    #: it averages server models over rounds: refused around an algorithm whose traits say why
+    #: that is undefined for it (``Traits.averaging``)
+    averages_rounds: bool = False
+    #: the further model (:meth:`Layer.extra_models`) holding the model under this layer
+    inner_model: str | None = None
+    #: the tuner's preset: dotted run-config key -> parameter spec
+    search_space: dict = field(default_factory=dict)
+
+
+@dataclass
+class ClientContext:
+    """What a layer's client half sees for one client: the round and client, the client's
+    training loss, weight and samples, its own broadcast values, its own persistent client slot
+    (read it; set entries to keep them) and a payload summed over the round into its own sums."""
+
+    t: int
+    client: int
+    loss: float = float("nan")
+    weight: float = 1.0
+    samples: int = 0
+    broadcast: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class Layer:
+    """Identity by default: a wrapper or a transform overrides the halves it changes."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type] = NoParams
+    traits: ClassVar[LayerTraits] = LayerTraits()
+
+    def __init__(self, params: Any = None, facts: Facts | None = None):
+        self.params = params if params is not None else self.Params()
+        self.facts = facts if facts is not None else Facts()
+
+    @property
+    def p(self) -> Any:
+        """The layer's validated keys (its ``Params``)."""
+        return self.params
+
+    @property
+    def seed(self) -> int:
+        return self.facts.seed
+
+    @classmethod
+    def check_config(cls, params: Any, cfg: Any, where: str) -> None:
+        """Rules on its own keys that involve other sections (ConfigError naming the key)."""
+
+    @classmethod
+    def check_data(cls, params: Any, handle: Any, where: str) -> None:
+        """Rules tying the layer to the partition behind ``handle`` (ConfigError naming the
+        key), checked before a run starts."""
+
+    # ----- server slot ---------------------------------------------------------------------
+    def init(self, x0: Vec) -> Any:
+        """The layer's server slot at the start (None: it keeps none)."""
+        return None
+
+    def broadcast(self, slot: Any, t: int) -> dict[str, Vec]:
+        """Values every client of round ``t`` receives for this layer's client half."""
+        return {}
+
+    def client_lr(self, slot: Any, t: int, inner: Callable[[int], float]) -> float:
+        """The clients' learning rate of round ``t`` (``inner(t)``: the rate under this layer)."""
+        return inner(t)
+
+    # ----- client half ---------------------------------------------------------------------
+    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
+        """Client ``client``'s upload Δ_i of round ``t`` as it leaves this layer."""
+        return delta
+
+    def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
+        """The labels client ``client`` trains on (a label-flipping attacker changes them)."""
+        return labels
+
+    def upload_bytes(self, numel: int, incoming: float) -> float:
+        """Bytes one client sends for a ``numel``-vector that took ``incoming`` bytes so far."""
+        return incoming
+
+    # ----- server half ---------------------------------------------------------------------
+    def aggregate(self, slot: Any, agg: Aggregate, sums: dict, srv: ServerRound
+                  ) -> tuple[Aggregate, Any, dict]:
+        """On the way in: the aggregate as the layers under it see it, this layer's new slot and
+        its metrics (``sums``: its own payload summed over the round)."""
+        return agg, slot, {}
+
+    def after(self, slot: Any, x: Vec, srv: ServerRound) -> tuple[Vec, Any, dict]:
+        """On the way out: the model after the update under it, the new slot and metrics."""
+        return x, slot, {}
+
+    def deployed(self, slot: Any, x: Vec) -> Vec:
+        """The model deployed, from the one deployed under this layer."""
+        return x
+
+    def extra_models(self, slot: Any, inner: Vec) -> dict[str, Vec]:
+        """Further models to evaluate (``inner``: the model deployed under this layer)."""
+        if self.traits.inner_model and slot is not None:
+            return {self.traits.inner_model: inner}
+        return {}
+
+    def fork(self, slot: Any, next_round: int, source: "Layer") -> Any:
+        """The slot a run forked from ``source``'s checkpoint continues with from round
+        ``next_round`` (ValueError saying why when it cannot)."""
+        return slot
+
+    def from_legacy(self, old: dict) -> Any:
+        """The slot from a rayfl 0.1 checkpoint (the layer's entries there: a transform's own
+        state dict, or the flat server state for a wrapper); default: a fresh slot."""
+        return self.init(None)
+
+
+# ----- the state tree ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServerState:
+    """The server's state: the model, then one slot per layer."""
+
+    x: Vec  # the server model the algorithm steps (what it deploys is its own choice)
+    algorithm: Any  # the algorithm's ``State`` (a frozen dataclass) or None
+    server_opt: Any  # the server optimiser's state
+    wrappers: tuple  # one slot per wrapper, innermost first
+    transforms: tuple  # one slot per transform, in client order
+    buffers: Vec | None = None  # the global model's buffers (BatchNorm statistics)
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What a round's clients receive: the algorithm's values, each layer's, the buffers."""
+
+    algorithm: dict
+    layers: tuple
+    buffers: Vec | None = None
+
+
+@dataclass(frozen=True)
+class ClientState:
+    """One client's persistent state: the algorithm's entries, each layer's, its own buffers."""
+
+    algorithm: dict | None = None
+    layers: tuple = ()
+    buffers: Vec | None = None
+
+    def empty(self) -> bool:
+        return self.algorithm is None and not any(self.layers) and self.buffers is None
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to every tensor and array (dataclasses, tuples, lists and
+    dicts rebuilt)."""
+    if isinstance(tree, (torch.Tensor, np.ndarray)):
+        return fn(tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return dataclasses.replace(tree, **{f.name: tree_map(fn, getattr(tree, f.name))
+                                            for f in dataclasses.fields(tree) if f.init})
+    if isinstance(tree, tuple):
+        return tuple(tree_map(fn, v) for v in tree)
+    if isinstance(tree, list):
+        return [tree_map(fn, v) for v in tree]
+    if isinstance(tree, dict):
+        return {k: tree_map(fn, v) for k, v in tree.items()}
+    return tree
+
+
+def structure(tree: Any, path: str = "state") -> dict[str, str]:
+    """Path -> kind of every leaf of ``tree``: the shape a checkpoint's tree must have (a slot's
+    class and fields, a tensor's shape and dtype)."""
+    out: dict[str, str] = {}
+    if isinstance(tree, torch.Tensor):
+        out[path] = f"tensor{tuple(tree.shape)} {str(tree.dtype).replace('torch.', '')}"
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        out[path] = type(tree).__name__
+        for f in dataclasses.fields(tree):
+            out.update(structure(getattr(tree, f.name), f"{path}.{f.name}"))
+    elif isinstance(tree, (tuple, list)):
+        out[path] = f"{type(tree).__name__} of {len(tree)}"
+        for i, v in enumerate(tree):
+            out.update(structure(v, f"{path}[{i}]"))
+    elif isinstance(tree, dict):
+        out[path] = "dict"
+        for k in sorted(tree):
+            out.update(structure(tree[k], f"{path}.{k}"))
+    else:
+        out[path] = "none" if tree is None else type(tree).__name__
+    return out
+
+
+def mismatch(expected: Any, found: Any) -> str | None:
+    """The first difference between the structures of two trees, in words (None: the same,
+    tensor shapes of variable-length slots aside; a None in ``expected`` is a slot filled
+    later, so anything matches it)."""
+    a, b = structure(expected), structure(found)
+    optional = [p for p, kind in a.items() if kind == "none"]
+    for path in sorted(set(a) | set(b)):
+        if any(path == p or path.startswith((p + ".", p + "[")) for p in optional):
+            continue
+        if a.get(path) != b.get(path):
+            if (a.get(path) or "").startswith("tensor") and (b.get(path) or "").startswith(
+                    "tensor"):
+                continue  # a window or a history grows: its length is not structure
+            return f"{path}: expected {a.get(path, 'nothing')}, found {b.get(path, 'nothing')}"
+    return None
+
+
+def legacy_slot(template: Any, flat: dict) -> Any:
+    """A slot dataclass filled from a rayfl 0.1 flat state: each field from the entry of its
+    name, or of the name the dataclass's ``LEGACY`` mapping (old name -> field) gives it."""
+    if template is None or not dataclasses.is_dataclass(template):
+        return template
+    old_name = {new: old for old, new in getattr(type(template), "LEGACY", {}).items()}
+    values = {f.name: flat[old_name.get(f.name, f.name)] for f in dataclasses.fields(template)
+              if old_name.get(f.name, f.name) in flat}
+    return dataclasses.replace(template, **values)
+
+
+# ----- payloads ------------------------------------------------------------------------------------
+def add(a: Any, b: Any) -> Any:
+    """``a + b`` for summed payload values (a None sum starts from a copy of ``b``)."""
+    if a is None:
+        return b.clone() if isinstance(b, torch.Tensor) else b
+    return a + b
+
+
+# ----- the stack ---------------------------------------------------------------------------------
+class Stack:
+    """The algorithm, its server optimiser, the wrappers and the transforms of a run."""
+
+    def __init__(self, algorithm: Algorithm, optimizer: ServerOpt,
+                 wrappers: list[Layer] | None = None, transforms: list[Layer] | None = None):
+        self.algorithm, self.optimizer = algorithm, optimizer
+        self.wrappers = list(wrappers or [])
+        transforms = list(transforms or [])
+        self.transforms = [t for t in transforms if not t.traits.transport] + \
+            [t for t in transforms if t.traits.transport]
+        self.layers = self.wrappers + self.transforms  # client order
+        self.needs_updates = any(layer.traits.needs_updates for layer in self.layers)
+
+    def _slots(self, state: ServerState) -> list:
+        return list(state.wrappers) + list(state.transforms)
+
+    def _split(self, slots: list) -> tuple[tuple, tuple]:
+        n = len(self.wrappers)
+        return tuple(slots[:n]), tuple(slots[n:])
+
+    # ----- server ------------------------------------------------------------------------
+    def init(self, x0: Vec, buffers: Vec | None = None) -> ServerState:
+        """The state of a fresh run from the model x_0 (and its buffers)."""
+        wrappers, transforms = self._split([layer.init(x0) for layer in self.layers])
+        return ServerState(x0.clone(), self.algorithm.server_init(x0),
+                           self.optimizer.init(x0), wrappers, transforms, buffers)
+
+    def broadcast(self, state: ServerState, t: int) -> Broadcast:
+        """What the clients trained from server update ``t`` receive."""
+        return Broadcast(self.algorithm.broadcast(state.x, state.algorithm, t),
+                         tuple(layer.broadcast(slot, t) for layer, slot
+                               in zip(self.layers, self._slots(state))),
+                         state.buffers)
+
+    def start(self, state: ServerState, t: int) -> Vec:
+        """Where the clients of server update ``t`` start from."""
+        return self.algorithm.broadcast(state.x, state.algorithm, t)["x"]
+
+    def client_lr(self, state: ServerState, t: int, lr0: float, decay: float) -> float:
+        """η_l of round ``t``: η_0 · decay^t under the layers' own schedules."""
+        rate: Callable[[int], float] = lambda s: lr0 * decay**s  # noqa: E731
+        for layer, slot in zip(self.layers, self._slots(state)):
+            rate = (lambda s, layer=layer, slot=slot, inner=rate:
+                    layer.client_lr(slot, s, inner))
+        return rate(t)
+
+    def update(self, state: ServerState, agg: Aggregate, sums: tuple, t: int
+               ) -> tuple[ServerState, Aggregate, dict]:
+        """Server update ``t``: the layers' server halves on the way in (last layer first), the
+        algorithm's update with the server optimiser, the layers' halves on the way out;
+        returns (state, the aggregate as the algorithm saw it, metrics)."""
+        srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
+                          state.server_opt)
+        slots, metrics = self._slots(state), {}
+        for i in reversed(range(len(self.layers))):
+            agg, slots[i], m = self.layers[i].aggregate(slots[i], agg, sums[i], srv)
+            metrics.update(m)
+        x, own, m = self.algorithm.server_update(state.x, state.algorithm, agg, srv)
+        metrics.update(m)
+        metrics.update(srv.metrics)
+        for i, layer in enumerate(self.layers):
+            x, slots[i], m = layer.after(slots[i], x, srv)
+            metrics.update(m)
+        wrappers, transforms = self._split(slots)
+        buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
+        return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics
+
+    def deployed(self, state: ServerState) -> Vec:
+        """The model evaluated, reported and saved."""
+        x = self.algorithm.deployed(state.x, state.algorithm)
+        for layer, slot in zip(self.layers, self._slots(state)):
+            x = layer.deployed(slot, x)
+        return x
+
+    def extra_models(self, state: ServerState) -> dict[str, Vec]:
+        """Further models worth evaluating each evaluation round, by metric prefix."""
+        algo = self.algorithm
+        out = dict(algo.extra_models(state.x, state.algorithm)
+                   if algo.traits.has("extra_models") else {})
+        x = algo.deployed(state.x, state.algorithm)
+        for layer, slot in zip(self.layers, self._slots(state)):
+            out.update(layer.extra_models(slot, x))
+            x = layer.deployed(slot, x)
+        return out
+
+    def upload_bytes(self, numel: int, element_size: int = 4) -> float:
+        """Bytes one client uploads for a ``numel``-parameter update (dense: numel × size)."""
+        size = float(numel * element_size)
+        for layer in self.layers:
+            size = layer.upload_bytes(numel, size)
+        return size
+
+    def from_legacy(self, flat: dict, transforms: list | None, buffers: Vec | None
+                    ) -> ServerState:
+        """The tree of a rayfl 0.1 checkpoint: one flat dict held x, the algorithm's entries,
+        the server optimiser's (m, v) and the wrappers' own; a list the transforms' states."""
+        fresh = self.init(flat["x"], buffers)
+        opt = {k: flat[k] for k in (fresh.server_opt or {}) if k in flat}
+        wrappers = tuple(w.from_legacy(flat) for w in self.wrappers)
+        old = list(transforms or [])
+        transforms = tuple(t.from_legacy(old[i] if i < len(old) else {})
+                           for i, t in enumerate(self.transforms))
+        return ServerState(flat["x"], legacy_slot(fresh.algorithm, flat), opt or
+                           fresh.server_opt, wrappers, transforms, buffers)
+
+    def fork(self, state: ServerState, next_round: int, source: "Stack") -> ServerState:
+        """The state a run forked from ``source``'s checkpoint ``state`` continues with (ValueError
+        saying why when it cannot): the same tree, each layer's own fork rule applied."""
+        fresh = self.init(state.x, state.buffers)
+        if len(source.layers) == len(self.layers) and [type(a) for a in source.layers] == \
+                [type(b) for b in self.layers]:
+            slots = [layer.fork(slot, next_round, src) for layer, slot, src
+                     in zip(self.layers, self._slots(state), source.layers)]
+            state = dataclasses.replace(state, **dict(zip(("wrappers", "transforms"),
+                                                          self._split(slots))))
+        else:  # other layers: each keeps its slot only where it forks from the same layer
+            slots = []
+            by_type = {type(layer): (layer, slot) for layer, slot
+                       in zip(source.layers, source._slots(state))}
+            for layer, new in zip(self.layers, self._slots(fresh)):
+                src, slot = by_type.get(type(layer), (None, new))
+                slots.append(layer.fork(slot, next_round, src) if src is not None else
+                             layer.fork(new, next_round, layer))
+            state = dataclasses.replace(state, **dict(zip(("wrappers", "transforms"),
+                                                          self._split(slots))))
+        problem = mismatch(fresh, state)
+        if problem:
+            raise ValueError(f"a server state shaped like this run's ({problem}: another "
+                             "algorithm or server optimiser)")
+        return state
