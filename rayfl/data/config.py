@@ -72,6 +72,10 @@ class DataConfig(registry.Named):
 
     def check(self, prefix: str) -> None:
         """Rules of the section itself; a dataset's own rules are its ``check_section``."""
+        if not callable(getattr(self.component(), "load", None)):
+            raise ConfigError(f"{prefix}.dataset", self.dataset,
+                              "a dataset: an object with load(data_cfg, seed) -> Arrays (this "
+                              "one has no load method)")
         if self.partition == "natural" and not is_natural(self.component()):
             natural = [n for n in registry.names("dataset")
                        if is_natural(registry.resolve("dataset", n))]
