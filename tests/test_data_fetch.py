@@ -27,13 +27,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
+import yaml
 
-from rayfl import cli
+import rayfl
+from rayfl import cli, rundir
 from rayfl.data import datasets, fetch_sources
 from rayfl.data.datasets import shakespeare as plays
 from rayfl.data.fetch import RECORD
 
-from .conftest import ROOT
+from .conftest import ROOT, TINY
 from .test_data_loaders import data_cfg, write_cifar10, write_idx
 from .test_text_data import PLAY, example_class, write_plays, write_sqlite
 
@@ -463,6 +465,57 @@ def test_list_and_usage_errors(server, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and words in err
     assert server.requests == []
+
+
+# ----- data.fetch ---------------------------------------------------------------------------------
+
+def cifar_run(tmp_path) -> list[str]:
+    return [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}",
+            "data.dataset=cifar10", "data.partition=iid", "data.num_clients=4",
+            "data.fetch=true", "clients_per_round=2", "rounds=1", "runtime.executor=inprocess"]
+
+
+def test_data_fetch_fetches_the_dataset_before_the_run(server, tmp_path, capsys):
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive, publish=archive + b"x")  # a corrupted download first
+    assert cli.main(["run", TINY, *cifar_run(tmp_path), "--quiet"]) == 2
+    assert "cifar-10-python.tar.gz" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "runs")  # refused before any run directory
+    server.serve("cifar10", archive)
+    result = rayfl.run(TINY, cifar_run(tmp_path), quiet=True)
+    assert "cifar10: fetched" in capsys.readouterr().err
+    assert os.path.isfile(os.path.join(home(tmp_path, "cifar10"), RECORD))
+    with open(os.path.join(result.run_dir, "config.yaml")) as f:
+        saved = yaml.safe_load(f)["data"]
+    assert saved["fetch"] is True and saved["root"] is None
+    assert result.summary["rounds"] == 1
+    # `rayfl data CONFIG` with data.fetch: the dataset is there, nothing is downloaded
+    server.requests.clear()
+    assert cli.main(["data", TINY, *cifar_run(tmp_path)[1:7], "--out",
+                     str(tmp_path / "plots"), "--rounds", "1"]) == 0
+    assert server.requests == [] and "training samples 30 | test 6" in capsys.readouterr().out
+    assert "data.fetch" not in rundir.result_keys({"data": {"fetch": True}})  # resume may flip it
+    # data.root names the folder: fetched there; the partition is the same as without data.fetch
+    mine = str(tmp_path / "mine")
+    cfg = data_cfg(dataset="cifar10", root=mine, fetch=True, partition="iid", num_clients=4,
+                   cache_dir=str(tmp_path / "c"))
+    from rayfl.data import prepare
+
+    fetched = prepare(cfg, 0)
+    assert os.path.isfile(os.path.join(mine, RECORD))
+    assert prepare(dataclasses.replace(cfg, fetch=False), 0).path == fetched.path
+
+
+@pytest.mark.parametrize("dataset,reason", [
+    ("synthetic", "generated"), ("digits", "scikit-learn"), ("fmnist", "dataset-fashion-mnist"),
+    ("leaf_shakespeare", "LEAF's own scripts"), ("examples.my_data:Rings", "not a built-in")])
+def test_data_fetch_refuses_a_dataset_it_cannot_fetch(server, tmp_path, capsys, dataset, reason):
+    args = [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}",
+            f"data.dataset={dataset}", "data.fetch=true", "runtime.executor=inprocess"]
+    assert cli.main(["run", TINY, *args, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "data.fetch" in err and reason in err
+    assert not os.path.exists(tmp_path / "runs") and server.requests == []
 
 
 def test_the_docs_fetch_commands_run_as_written(server, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """``rayfl data fetch NAME``: download a built-in dataset, check it, and unpack it into the folder
-its loader reads (``data.root``).
+its loader reads (``data.root``); ``data.fetch: true`` does the same for a run whose dataset is
+missing, before the partition is built.
 
 The download goes to ``.<folder>.<file>.part`` beside the destination folder and, interrupted,
 continues from there with an HTTP Range request on the next try. It is checked (size and
@@ -31,12 +32,15 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rayfl.data import fetch_unpack
 from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, Source, default_folder,
                                       url_of)
 from rayfl.schema import ConfigError
+
+if TYPE_CHECKING:
+    from rayfl.data.config import DataConfig
 
 RECORD = ".rayfl-fetch.json"  # in a fetched folder: what was fetched, from where, its checksum
 TIMEOUT_S = 60  # per connection attempt and per read
@@ -158,6 +162,23 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
                 f"checked); nothing to do")
     raise ConfigError(key, folder, f"a missing or empty folder to fetch {name} into (it holds "
                                    "other files, and not the ones the loader reads)")
+
+
+def ensure(cfg: "DataConfig") -> "DataConfig":
+    """The data config to load: with ``data.fetch``, its dataset fetched first when its folder
+    (``data.root``, else the default folder, which becomes ``data.root``) is missing or empty;
+    a dataset rayfl cannot fetch is refused with the reason. Without it, ``cfg`` as is."""
+    if not getattr(cfg, "fetch", False):
+        return cfg
+    if cfg.dataset not in SOURCES:
+        raise ConfigError("data.fetch", True, f"a dataset rayfl can fetch ({', '.join(SOURCES)})"
+                          f", not data.dataset = {cfg.dataset!r}: "
+                          f"{not_fetched_reason(cfg.dataset)}; or data.fetch: false")
+    folder = folder_for(cfg.dataset, cfg.root)
+    if state(cfg.dataset, folder, "data.root") == "missing":
+        print(fetch(cfg.dataset, folder, quiet=None, key="data.root"), file=sys.stderr,
+              flush=True)
+    return cfg if cfg.root else dataclasses.replace(cfg, root=folder)
 
 
 # ----- the download ------------------------------------------------------------------------------

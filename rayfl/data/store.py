@@ -37,7 +37,7 @@ import pyarrow as pa
 import torch
 
 from rayfl import registry, schema
-from rayfl.data import datasets
+from rayfl.data import datasets, fetch
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
 from rayfl.data.holdout import carve
@@ -71,7 +71,7 @@ def partition_key(cfg: DataConfig, seed: int) -> str:
     """Cache key: every setting that changes the store's bytes, the loader's identity and its
     own parameters included."""
     fields = {k: v for k, v in schema.to_dict(cfg).items()
-              if k not in ("cache_dir", "regime", "partition")}
+              if k not in ("cache_dir", "regime", "partition", "fetch")}
     if not fields.get("client_holdout"):
         fields.pop("client_holdout", None)  # off: the key (and store) of a config without it
     blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
@@ -135,7 +135,9 @@ def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
 def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHandle":
     """Build (or reuse) the partition store for ``cfg`` under ``root`` (default: ``cfg.cache_dir``
     or :func:`default_cache_dir`) and return its handle. Processes preparing the same store
-    take turns on a lock file, so a node builds it once."""
+    take turns on a lock file, so a node builds it once. With ``data.fetch``, a missing dataset
+    is fetched first (:func:`rayfl.data.fetch.ensure`)."""
+    cfg = fetch.ensure(cfg)
     root = os.path.abspath(root or cfg.cache_dir or default_cache_dir())
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
