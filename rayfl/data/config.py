@@ -26,7 +26,14 @@ class DataConfig(registry.Named):
         "fmnist", doc="dataset: a built-in (listed under `data.dataset` below) or "
                       "package.module:Name, an object with load(data_cfg, seed) -> Arrays")
     root: Optional[str] = field(None, doc="directory with the dataset's files (default: the "
-                                          "dataset's standard location; nothing is downloaded)")
+                                          "dataset's standard location; nothing is downloaded "
+                                          "unless data.fetch)")
+    fetch: bool = field(False, doc="download the dataset first when its folder (data.root, "
+                                   "else ~/.cache/rayfl-data/DATASET) is missing or empty, "
+                                   "checked as `rayfl data fetch` does, before the partition is "
+                                   "built: cifar10, cifar100, emnist, femnist, sent140, "
+                                   "stackoverflow, shakespeare, tff_shakespeare; other datasets "
+                                   "are refused")
     num_clients: int = field(100, doc="registered clients N, validation clients included; for "
                                       "partition=natural the first N writers/users", lo=1)
     partition: Literal["iid", "dirichlet", "label_dirichlet", "shards", "natural"] = field(

@@ -39,7 +39,7 @@ import pyarrow as pa
 import torch
 
 from rayfl import registry, schema
-from rayfl.data import datasets, sources
+from rayfl.data import datasets, fetch, sources
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
 from rayfl.data.holdout import carve
@@ -72,7 +72,7 @@ def partition_key(cfg: DataConfig, seed: int) -> str:
     """Cache key: every setting that changes the store's bytes, the loader's identity and its
     own parameters included, and what the store is built from (:func:`loader_identity`)."""
     fields = {k: v for k, v in schema.to_dict(cfg).items()
-              if k not in ("cache_dir", "regime", "partition")}
+              if k not in ("cache_dir", "regime", "partition", "fetch")}
     if not fields.get("client_holdout"):
         fields.pop("client_holdout", None)  # off: the key (and store) of a config without it
     blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
@@ -171,7 +171,9 @@ def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHand
     """Build (or reuse) the partition store for ``cfg`` under ``root`` (default: ``cfg.cache_dir``
     or :func:`default_cache_dir`) and return its handle. Processes preparing the same store
     take turns on a lock file, so a node builds it once. A refused build leaves nothing behind:
-    no store, no lock file, no cache folder it made."""
+    no store, no lock file, no cache folder it made. With ``data.fetch``, a missing dataset is
+    fetched first (:func:`rayfl.data.fetch.ensure`)."""
+    cfg = fetch.ensure(cfg)
     root = os.path.abspath(root or cfg.cache_dir or default_cache_dir())
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
