@@ -1,7 +1,7 @@
 """rayfl: federated learning simulations on Ray.
 
-Commands: run, resume, fork, compare, analyze, tune, keys, data, timeline, algorithms
-(``rayfl COMMAND --help``).
+Commands: run, resume, fork, compare, analyze, tune, keys, data (and data fetch), timeline,
+algorithms (``rayfl COMMAND --help``).
 """
 
 from __future__ import annotations
@@ -299,7 +299,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--metrics", metavar="PATH", help="write the metrics.parquet column "
                                                      "reference (METRICS.md) to PATH")
     k.set_defaults(fn=_cmd_keys)
-    d = sub.add_parser("data", help="print and plot a config's partition (and regime drift)")
+    d = sub.add_parser("data", help="print and plot a config's partition (and regime drift); "
+                                    "`rayfl data fetch NAME` downloads a built-in dataset",
+                       epilog="rayfl data fetch NAME [--root DIR] [--quiet] | --list: download "
+                              "a built-in dataset (see rayfl data fetch --help)")
     d.add_argument("config", help="YAML config file")
     d.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.alpha=0.5")
     d.add_argument("--out", help="plot directory (default: <output_dir>/data-<name>)")
@@ -323,16 +326,27 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def nested_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Commands under another command's name (``rayfl data fetch``), by their full name."""
+    from rayfl.data.fetch import parser as fetch_parser
+
+    return {"data fetch": fetch_parser()}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; a bad config exits with status 2 and one clear line."""
-    p = parser()
-    args, extra = p.parse_known_args(argv)
-    stray = [e for e in extra if e.startswith("-") or "=" not in e or
-             not hasattr(args, "overrides")]
-    if stray:
-        p.error(f"unrecognized arguments: {' '.join(stray)}")
-    if extra:
-        args.overrides = [*args.overrides, *extra]
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["data", "fetch"]:  # not a config named "fetch": the nested command
+        args = nested_parsers()["data fetch"].parse_args(argv[2:])
+    else:
+        p = parser()
+        args, extra = p.parse_known_args(argv)
+        stray = [e for e in extra if e.startswith("-") or "=" not in e or
+                 not hasattr(args, "overrides")]
+        if stray:
+            p.error(f"unrecognized arguments: {' '.join(stray)}")
+        if extra:
+            args.overrides = [*args.overrides, *extra]
     from rayfl.metrics.progress import sigterm_as_interrupt
 
     previous = sigterm_as_interrupt()

@@ -144,3 +144,41 @@ def test_missing_kept_models_say_which_keep_setting_to_add(tmp_path):
         run.model("next@-1")
     assert run.model("global@-1")[0] == "global r4"
     assert os.path.basename(run.out_dir()) == "analysis"
+
+
+@pytest.mark.parametrize("command, extra, key", [("drift", [], "run_dir"),
+                                                 ("interpolate", ["--data", "bogus"], "--data")],
+                         ids=["drift-without-metrics", "interpolate-bad-data"])
+def test_a_refused_analysis_leaves_no_output_folder(command, extra, key, tmp_path, capsys,
+                                                    monkeypatch):
+    from rayfl.cli import main
+
+    monkeypatch.setenv("RAYFL_CACHE", str(tmp_path / "cache"))
+    run = _fake_run(tmp_path / "run", {4: ["global", "client-1"]})
+    out = tmp_path / "out"
+    assert main(["analyze", command, run.path, f"--out={out}", *extra]) == 2
+    assert main(["analyze", command, run.path, *extra]) == 2  # the default <run_dir>/analysis
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(f"'{key}'" in line for line in err), err
+    assert not out.exists() and not (tmp_path / "run" / "analysis").exists()
+
+
+def test_analysis_out_that_is_a_file_is_refused(tmp_path, capsys):
+    from rayfl.cli import main
+
+    run = _fake_run(tmp_path / "run", {})
+    (tmp_path / "taken").write_text("mine")
+    assert main(["analyze", "drift", run.path, f"--out={tmp_path / 'taken'}"]) == 2
+    assert "'--out'" in capsys.readouterr().err and (tmp_path / "taken").read_text() == "mine"
+
+
+def test_refused_regimes_make_no_experiment_folder(tmp_path, capsys):
+    from rayfl.cli import main
+
+    out = tmp_path / "experiment"
+    assert main(["analyze", "regimes", TINY, f"output_dir={tmp_path / 'runs'}",
+                 f"data.cache_dir={tmp_path / 'cache'}",
+                 "data.dataset=tests.test_data_boundary:NanFeature", "--out", str(out)]) == 2
+    assert "NanFeature.load: x_train holds nan" in capsys.readouterr().err
+    assert not out.exists() and not (tmp_path / "runs").exists()
+    assert not (tmp_path / "cache").exists()

@@ -18,11 +18,16 @@ def _cli() -> str:
     from rayfl import cli
 
     parser = cli.parser()
+    nested = cli.nested_parsers()
     out = ["```text", parser.format_help().rstrip(), "```", ""]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
-                out += [f"## `rayfl {name}`", "", "```text", sub.format_help().rstrip(), "```", ""]
+                subs = [(name, sub)] + [(n, p) for n, p in nested.items()
+                                        if n.startswith(name + " ")]
+                for full, each in subs:
+                    out += [f"## `rayfl {full}`", "", "```text", each.format_help().rstrip(),
+                            "```", ""]
     return "\n".join(out)
 
 

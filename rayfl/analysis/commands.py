@@ -84,9 +84,20 @@ def _say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _out(run, out: str | None) -> str:
+    """Where a command writes — ``--out`` or ``<run_dir>/analysis`` — checked but not yet made:
+    :func:`_write` makes it with the first result, so a refused command leaves no folder."""
+    from rayfl.rundir import check_creatable
+
+    path = out or os.path.join(run.path, "analysis")
+    check_creatable(path, "--out")
+    return path
+
+
 def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -> None:
     from rayfl.metrics.files import write_json, write_parquet
 
+    os.makedirs(out, exist_ok=True)
     write_json(summary, os.path.join(out, f"{stem}.json"))
     _say(f"wrote {os.path.join(out, stem)}.json")
     if rows:
@@ -103,13 +114,14 @@ def _setup(args):
     from rayfl.schema import ConfigError
 
     run = RunDir(args.run_dir)
+    out = _out(run, args.out)
     if persistent_buffers(build_for(run.cfg.model, run.handle)):
         raise ConfigError("RUN_DIR", args.run_dir, "a run of a model without buffers (the "
                           "analysis evaluates points between models, whose BatchNorm "
                           "statistics no run computed)")
     data = select_data(run.handle, args.data, args.max_samples, run.cfg.seed)
     connect_ray(run.cfg, args.num_cpus)
-    return run, data, args.batch_size or run.cfg.eval.batch_size, run.out_dir(args.out)
+    return run, data, args.batch_size or run.cfg.eval.batch_size, out
 
 
 def _interpolate(args) -> dict:
@@ -183,7 +195,7 @@ def _drift(args) -> dict:
     from rayfl.analysis.rundir import RunDir
 
     run = RunDir(args.run_dir)
-    out = run.out_dir(args.out)
+    out = _out(run, args.out)
     rows = drift.drift_rows(run.metrics(), args.label_column)
     summary = drift.drift_summary(rows)
     _write(out, "drift", summary, rows)
@@ -194,13 +206,19 @@ def _drift(args) -> dict:
 
 def _regimes(args) -> dict:
     from rayfl.analysis import drift, plots
+    from rayfl.rundir import check_creatable
     from rayfl.schema import ConfigError
+    from rayfl.simulation import _prepare as preflight
 
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
     bad = [r for r in regimes if r not in REGIMES]
     if bad or not regimes:
         raise ConfigError("--regimes", args.regimes, f"a subset of {', '.join(REGIMES)}")
     configs = drift.regime_configs(args.config, args.overrides, regimes)  # validate all first
+    if args.out:
+        check_creatable(args.out, "--out")
+    for cfg in configs.values():  # and their data: a refusal before any folder is made
+        preflight(cfg)
     out, curves = drift.run_regimes(configs, args.out, args.quiet)
     table = drift.regime_table(curves, configs[regimes[0]].eval.last_k, args.label_column)
     rows = [{"regime": r, **row} for r, rs in curves.items()

@@ -26,7 +26,14 @@ class DataConfig(registry.Named):
         "fmnist", doc="dataset: a built-in (listed under `data.dataset` below) or "
                       "package.module:Name, an object with load(data_cfg, seed) -> Arrays")
     root: Optional[str] = field(None, doc="directory with the dataset's files (default: the "
-                                          "dataset's standard location; nothing is downloaded)")
+                                          "dataset's standard location; nothing is downloaded "
+                                          "unless data.fetch)")
+    fetch: bool = field(False, doc="download the dataset first when its folder (data.root, "
+                                   "else ~/.cache/rayfl-data/DATASET) is missing or empty, "
+                                   "checked as `rayfl data fetch` does, before the partition is "
+                                   "built: cifar10, cifar100, emnist, femnist, sent140, "
+                                   "stackoverflow, shakespeare, tff_shakespeare; other datasets "
+                                   "are refused")
     num_clients: int = field(100, doc="registered clients N, validation clients included; for "
                                       "partition=natural the first N writers/users", lo=1)
     partition: Literal["iid", "dirichlet", "label_dirichlet", "shards", "natural"] = field(
@@ -72,6 +79,10 @@ class DataConfig(registry.Named):
 
     def check(self, prefix: str) -> None:
         """Rules of the section itself; a dataset's own rules are its ``check_section``."""
+        if not callable(getattr(self.component(), "load", None)):
+            raise ConfigError(f"{prefix}.dataset", self.dataset,
+                              "a dataset: an object with load(data_cfg, seed) -> Arrays (this "
+                              "one has no load method)")
         if self.partition == "natural" and not is_natural(self.component()):
             natural = [n for n in registry.names("dataset")
                        if is_natural(registry.resolve("dataset", n))]

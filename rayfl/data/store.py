@@ -1,6 +1,7 @@
 """The partition store: client-ordered Arrow files every actor memory-maps.
 
-``prepare`` loads a dataset, partitions it and writes, once per (dataset, partition, seed):
+``prepare`` loads a dataset (checked by :mod:`rayfl.data.validate`), partitions it and writes,
+once per (settings, seed, dataset files, loader code: :func:`partition_key`):
 
 - ``train.arrow``: one record batch, rows grouped by client (``x`` a fixed-size list, ``y``);
   training clients first, then the ``data.validation_clients`` validation clients;
@@ -19,16 +20,17 @@ cache — ``prepare`` is deterministic — and checks them against the fingerpri
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import inspect
 import json
 import mmap
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -37,7 +39,7 @@ import pyarrow as pa
 import torch
 
 from rayfl import registry, schema
-from rayfl.data import datasets
+from rayfl.data import datasets, fetch, sources
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
 from rayfl.data.holdout import carve
@@ -54,24 +56,23 @@ def default_cache_dir() -> str:
 
 
 def loader_identity(cfg: DataConfig) -> dict:
-    """What identifies the dataset loader: ``module:qualname`` and, for a loader outside rayfl,
-    a digest of its source, so a swapped or edited loader never reads another's cache."""
+    """What a store was built from besides the settings: the loader (``module:qualname``), the
+    code that built it (rayfl's loaders and partitioners; a user's loader: its module file
+    too) and the dataset's files (:mod:`rayfl.data.sources`), so that a swapped or edited
+    loader or an edited dataset never reads another's cache."""
     loader = cfg.component()
-    out = {"loader": registry.identity(loader)}
-    if not registry.is_builtin("dataset", cfg.dataset):
-        try:
-            source = inspect.getsource(loader)
-        except (OSError, TypeError):  # defined interactively: the name is all there is
-            source = ""
-        out["loader_source"] = hashlib.sha256(source.encode()).hexdigest()
+    out = {"loader": registry.identity(loader), "code": sources.build_code(),
+           "sources": sources.digest(datasets.sources(cfg))}
+    if not datasets.is_rayfls(loader):
+        out["loader_source"] = sources.module_code(loader)
     return out
 
 
 def partition_key(cfg: DataConfig, seed: int) -> str:
     """Cache key: every setting that changes the store's bytes, the loader's identity and its
-    own parameters included."""
+    own parameters included, and what the store is built from (:func:`loader_identity`)."""
     fields = {k: v for k, v in schema.to_dict(cfg).items()
-              if k not in ("cache_dir", "regime", "partition")}
+              if k not in ("cache_dir", "regime", "partition", "fetch")}
     if not fields.get("client_holdout"):
         fields.pop("client_holdout", None)  # off: the key (and store) of a config without it
     blob = json.dumps({"v": FORMAT_VERSION, "seed": seed, "stored": cfg.stored_partition,
@@ -132,31 +133,75 @@ def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
         json.dump(meta, f)
 
 
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created), removed on release so that the
+    cache keeps no lock files. A process that gets the lock on a file another holder has
+    already removed takes the lock again on the file now at ``path``."""
+    while True:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = open(path, "a")  # noqa: SIM115 (held across the yield, closed below)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(lock.fileno()), os.stat(path)):
+                break
+        except FileNotFoundError:
+            pass
+        lock.close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # still holding the lock: the next holder checks it is current
+        lock.close()
+
+
+def _remove_empty(path: str, stop: str) -> None:
+    """Remove ``path`` and its parents below ``stop`` while they are empty (folders a refused
+    build made)."""
+    while os.path.abspath(path) != os.path.abspath(stop):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
+
+
 def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHandle":
     """Build (or reuse) the partition store for ``cfg`` under ``root`` (default: ``cfg.cache_dir``
     or :func:`default_cache_dir`) and return its handle. Processes preparing the same store
-    take turns on a lock file, so a node builds it once."""
+    take turns on a lock file, so a node builds it once. A refused build leaves nothing behind:
+    no store, no lock file, no cache folder it made. With ``data.fetch``, a missing dataset is
+    fetched first (:func:`rayfl.data.fetch.ensure`)."""
+    cfg = fetch.ensure(cfg)
     root = os.path.abspath(root or cfg.cache_dir or default_cache_dir())
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
     if not os.path.isfile(os.path.join(path, "meta.json")):
         from rayfl.rundir import check_creatable
 
-        check_creatable(cfg.cache_dir or root, "data.cache_dir")  # a file, /proc, read-only: one clear line
-        os.makedirs(root, exist_ok=True)
-        with open(os.path.join(root, f".{key}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not os.path.isfile(os.path.join(path, "meta.json")):
-                tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
-                try:
-                    _build(cfg, seed, tmp)
-                    os.rename(tmp, path)
-                except OSError:
-                    if not os.path.isfile(os.path.join(path, "meta.json")):
-                        raise  # not a lost race (a lock-less filesystem): a real error
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
+        existing = check_creatable(root, "data.cache_dir")  # a file, /proc, read-only: refused
+        try:
+            with _locked(os.path.join(root, f".{key}.lock")):
+                if not os.path.isfile(os.path.join(path, "meta.json")):
+                    _build_into(cfg, seed, root, path)
+        except BaseException:
+            _remove_empty(root, existing)
+            raise
     return dataclasses.replace(DataHandle.at(path), cfg=cfg, seed=seed)
+
+
+def _build_into(cfg: DataConfig, seed: int, root: str, path: str) -> None:
+    """Build the store in a fresh folder of ``root``, then move it to ``path`` in one step."""
+    tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
+    try:
+        _build(cfg, seed, tmp)
+        os.rename(tmp, path)
+    except OSError:
+        if not os.path.isfile(os.path.join(path, "meta.json")):
+            raise  # not a lost race (a lock-less filesystem): a real error
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 _LOCAL: dict[tuple[str, str], "DataHandle"] = {}  # this process's resolved stores

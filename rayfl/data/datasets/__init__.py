@@ -2,13 +2,16 @@
 
 A dataset is any object with ``load(data_cfg, seed) -> Arrays`` (a module or a class), named by
 ``data.dataset`` through :mod:`rayfl.registry`. Optional: ``Params`` (its own ``data.*`` keys,
-read from ``data_cfg.params``), ``natural = True`` (rows carry writers/users) and
-``evaluator(model, point, x, y, batch_size, group) -> metrics`` (extra test metrics, see
-:mod:`rayfl.data.evaluators`).
+read from ``data_cfg.params``), ``natural = True`` (rows carry writers/users),
+``sources(data_cfg) -> paths`` (the files and folders it reads, which key the partition cache:
+see :mod:`rayfl.data.sources`) and ``evaluator(model, point, x, y, batch_size, group) ->
+metrics`` (extra test metrics, see :mod:`rayfl.data.evaluators`). What ``load`` returns is
+checked by :mod:`rayfl.data.validate`.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 import struct
 import zlib
@@ -53,13 +56,60 @@ READ_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, A
                pickle.UnpicklingError, zlib.error, struct.error, UnicodeDecodeError, ImportError)
 
 
-def load(cfg, seed: int) -> Arrays:
-    """The central dataset named by ``cfg.dataset``; an unreadable file is a ConfigError on
-    ``data.root`` that names it."""
+def is_rayfls(component) -> bool:
+    """Whether a dataset component is rayfl's own (its errors name files and ``data.*`` keys;
+    a user's name the component)."""
+    from rayfl import registry
+
+    return registry.identity(component).startswith("rayfl.")
+
+
+def loader_name(cfg) -> str:
+    """``module:Name.load`` of the configured loader, as the user named it."""
+    from rayfl.contract import name_of
+
+    return f"{cfg.dataset}.load" if ":" in cfg.dataset else name_of(cfg.component(), "load")
+
+
+def sources(cfg) -> list[str]:
+    """The files and folders the configured loader reads (its ``sources(data_cfg)``; a user's
+    loader without one: ``data.root`` when set), for the partition cache key."""
+    from rayfl.contract import calling, describe, expect
+
+    component = cfg.component()
+    if getattr(component, "sources", None) is None:
+        return [] if is_rayfls(component) or cfg.root is None else [cfg.root]
+    if is_rayfls(component):
+        return list(component.sources(cfg))
+    name = loader_name(cfg).removesuffix(".load") + ".sources"
+    with calling(name):
+        paths = component.sources(cfg)
+    expect(isinstance(paths, (list, tuple)) and all(isinstance(p, (str, os.PathLike))
+                                                    for p in paths),
+           name, f"returned {describe(paths)}; expected a list of file or folder paths")
+    for p in paths:
+        expect(os.path.exists(os.path.expanduser(p)), name,
+               f"named {os.fspath(p)!r}, which does not exist")
+    return [os.fspath(p) for p in paths]
+
+
+def _call(cfg, seed: int) -> Arrays:
+    """The loader's return value; a built-in's unreadable file is a ConfigError on ``data.root``
+    naming it, a user's loader that raises is a ComponentError naming it (its own ConfigError
+    passes as it is)."""
+    from rayfl.contract import calling
     from rayfl.schema import ConfigError
 
+    component = cfg.component()
+    if not is_rayfls(component):
+        with calling(loader_name(cfg)):
+            try:
+                return component.load(cfg, seed)
+            except ConfigError as e:  # raised past ``calling``, which would wrap it
+                own = e
+        raise own
     try:
-        arrays = cfg.component().load(cfg, seed)
+        return component.load(cfg, seed)
     except ConfigError:
         raise  # the loader's own clear message
     except READ_ERRORS as e:
@@ -67,9 +117,29 @@ def load(cfg, seed: int) -> Arrays:
         raise ConfigError("data.root", where, f"readable {cfg.dataset} files in the documented "
                           f"format ({type(e).__name__}: {' '.join(str(e).split())[:300]})") \
             from None
+
+
+def load(cfg, seed: int) -> Arrays:
+    """The central dataset named by ``cfg.dataset``, checked (:mod:`rayfl.data.validate`): a
+    built-in's bad file is a ConfigError on ``data.root`` that names it, a user's loader that
+    breaks its contract a ComponentError naming ``module:Name.load``."""
+    from rayfl.contract import ComponentError, describe
+    from rayfl.data.validate import problem
+    from rayfl.schema import ConfigError
+
+    arrays = _call(cfg, seed)
+    builtin = is_rayfls(cfg.component())
     if not isinstance(arrays, Arrays):
-        raise ConfigError("data.dataset", cfg.dataset, f"a loader returning "
-                          f"rayfl.data.datasets.Arrays (it returned {type(arrays).__name__})")
+        found = f"returned {describe(arrays)}; expected rayfl.data.datasets.Arrays"
+    else:
+        found = problem(arrays, natural=cfg.stored_partition == "natural")
+    if found and builtin:
+        read = sources(cfg)
+        where = cfg.root or (os.path.dirname(read[0]) if read else None)
+        raise ConfigError("data.root", where, f"{cfg.dataset} files the loader can use "
+                          f"({found})")
+    if found:
+        raise ComponentError(loader_name(cfg), found)
     return arrays
 
 
@@ -77,8 +147,6 @@ def require(root: str | None, paths: list[str], what: str, hint: str,
             inside: str | None = None) -> str:
     """The dataset folder (``root/inside`` when that exists), or a ConfigError on ``data.root``
     naming every expected file that is missing."""
-    import os
-
     from rayfl.schema import ConfigError
 
     if root is None:
@@ -95,10 +163,23 @@ def require(root: str | None, paths: list[str], what: str, hint: str,
     return root
 
 
-def natural_dataset(load, name: str, doc: str):
+def present(root: str | None, paths: list[str], inside: str | None = None) -> list[str]:
+    """The files of ``paths`` (plain or ``.gz``) that exist in the folder :func:`require` would
+    return (a ``sources`` helper: what is missing, the loader names)."""
+    if root is None:
+        return []
+    root = os.path.expanduser(root)
+    if inside and os.path.isdir(os.path.join(root, inside)):
+        root = os.path.join(root, inside)
+    return [os.path.join(root, p + ext) for p in paths for ext in ("", ".gz")
+            if os.path.isfile(os.path.join(root, p + ext))]
+
+
+def natural_dataset(load, name: str, doc: str, sources=None):
     """A dataset component whose rows carry their client (``partition: natural``), for a module
-    that defines several: ``load`` as its loader, ``doc`` as what ``rayfl keys`` shows."""
+    that defines several: ``load`` as its loader, ``doc`` as what ``rayfl keys`` shows,
+    ``sources`` the files it reads."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(load=load, natural=True, __doc__=doc, __module__=load.__module__,
-                           __qualname__=name)
+    return SimpleNamespace(load=load, natural=True, sources=sources, __doc__=doc,
+                           __module__=load.__module__, __qualname__=name)

@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from rayfl import safe_pickle
-from rayfl.data.datasets import READ_ERRORS, Arrays, require
+from rayfl.data.datasets import READ_ERRORS, Arrays, present, require
 from rayfl.schema import ConfigError
 
 LAYOUT = {  # dataset -> (folder, train files, test file, label key, classes)
@@ -35,6 +35,12 @@ def _batch(path: str, label_key: bytes, classes: int) -> tuple[np.ndarray, np.nd
                           f"0..{classes - 1}) ({type(e).__name__}: "
                           f"{' '.join(str(e).split())[:200]})") from None
     return x, y
+
+
+def sources(cfg) -> list[str]:
+    """The batch files that :func:`load` reads (those present)."""
+    folder, train, test, _, _ = LAYOUT[cfg.dataset]
+    return present(cfg.root, train + [test], folder)
 
 
 def load(cfg, seed: int) -> Arrays:

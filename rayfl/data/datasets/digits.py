@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 
 from rayfl.data.datasets import Arrays
 from rayfl.schema import ConfigError
+
+
+def sources(cfg) -> list[str]:
+    """scikit-learn's bundled ``digits.csv.gz`` (found without importing scikit-learn)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [os.path.join(spec.submodule_search_locations[0], "datasets", "data",
+                         "digits.csv.gz")]
 
 
 def load(cfg, seed: int) -> Arrays:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.data.datasets import Arrays, require
-from rayfl.data.datasets.fmnist import find, read_idx
+from rayfl.data.datasets import Arrays, present, require
+from rayfl.data.datasets.fmnist import find, read_pair
 
 CLASSES = {"letters": 26, "digits": 10, "balanced": 47, "byclass": 62, "bymerge": 47, "mnist": 10}
 HINT = ("unzip the 'gzip.zip' of https://www.nist.gov/itl/products-and-services/emnist-dataset "
@@ -17,17 +17,25 @@ def _stems(split: str) -> dict[str, str]:
             for k, kind in (("x", "images-idx3"), ("y", "labels-idx1"))}
 
 
+def sources(cfg) -> list[str]:
+    """The split's four IDX files that :func:`load` reads (those present)."""
+    return present(cfg.root, list(_stems(cfg.emnist_split).values()), "gzip")
+
+
 def load(cfg, seed: int) -> Arrays:
     """uint8 rows of 784 pixels, upright (EMNIST stores images transposed); letters as 0..25."""
     stems = _stems(cfg.emnist_split)
     root = require(cfg.root, list(stems.values()), f"EMNIST-{cfg.emnist_split}'s IDX files "
                    "(plain or .gz)", HINT, "gzip")
-    a = {k: read_idx(find(root, s)) for k, s in stems.items()}
-    shift = 1 if cfg.emnist_split == "letters" else 0  # letters are labelled 1..26
+    f = {k: find(root, s) for k, s in stems.items()}
+    classes = CLASSES[cfg.emnist_split]
+    first = 1 if cfg.emnist_split == "letters" else 0  # letters are labelled 1..26
 
-    def images(x):
-        return np.ascontiguousarray(x.transpose(0, 2, 1)).reshape(len(x), -1)
+    def split(part):
+        x, y = read_pair(f[f"x_{part}"], f[f"y_{part}"], classes, first)
+        upright = np.ascontiguousarray(x.reshape(-1, 28, 28).transpose(0, 2, 1))
+        return upright.reshape(len(x), -1), y
 
-    return Arrays(images(a["x_train"]), a["y_train"].astype(np.int64) - shift,
-                  images(a["x_test"]), a["y_test"].astype(np.int64) - shift,
-                  input_shape=(1, 28, 28), num_classes=CLASSES[cfg.emnist_split], scale=1 / 255)
+    (x_train, y_train), (x_test, y_test) = split("train"), split("test")
+    return Arrays(x_train, y_train, x_test, y_test, input_shape=(1, 28, 28), num_classes=classes,
+                  scale=1 / 255)

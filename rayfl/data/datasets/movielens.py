@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from rayfl.data.datasets import Arrays, require
+from rayfl.data.datasets import Arrays, present, require
 from rayfl.data.evaluators import ranking as evaluator  # noqa: F401 (HR/NDCG/AUC on test)
+from rayfl.schema import ConfigError
 
 natural = True  # every training row carries its writer/user (partition: natural)
 
@@ -23,18 +25,37 @@ HINT = ("unzip ml-1m.zip from https://grouplens.org/datasets/movielens/1m/ and s
 TRAIN_NEG, TEST_NEG = 4, 99
 
 
+def _refuse(path: str, layout: str, e: Exception) -> ConfigError:
+    return ConfigError("data.root", path, f"MovieLens-1M's {layout} lines "
+                       f"({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+
+
 def _ids(path: str) -> np.ndarray:
     """First ``::`` field of every line (users.dat / movies.dat ids), sorted."""
-    with open(path, "rb") as f:
-        return np.sort(np.array([int(line.split(b"::", 1)[0]) for line in f if line.strip()]))
+    try:
+        with open(path, "rb") as f:
+            ids = [int(line.split(b"::", 1)[0]) for line in f if line.strip()]
+    except ValueError as e:
+        raise _refuse(path, "ID::... (a whole number first)", e) from None
+    if not ids:
+        raise _refuse(path, "ID::...", ValueError("the file has no lines"))
+    return np.sort(np.array(ids))
 
 
 def _ratings(path: str) -> np.ndarray:
     """(n, 3) int64 user id, movie id, timestamp from ``UserID::MovieID::Rating::Timestamp``."""
     names = ["u", "_1", "m", "_2", "r", "_3", "t"]
-    table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=names),
-                           parse_options=pacsv.ParseOptions(delimiter=":"),
-                           convert_options=pacsv.ConvertOptions(include_columns=["u", "m", "t"]))
+    try:
+        table = pacsv.read_csv(path, read_options=pacsv.ReadOptions(column_names=names),
+                               parse_options=pacsv.ParseOptions(delimiter=":"),
+                               convert_options=pacsv.ConvertOptions(
+                                   include_columns=["u", "m", "t"],
+                                   column_types={c: pa.int64() for c in ("u", "m", "t")}))
+    except (pa.ArrowException, ValueError) as e:
+        raise _refuse(path, "UserID::MovieID::Rating::Timestamp", e) from None
+    if table.num_rows == 0 or any(table.column(c).null_count for c in ("u", "m", "t")):
+        raise _refuse(path, "UserID::MovieID::Rating::Timestamp",
+                      ValueError("empty, or a line missing a field"))
     return np.stack([table.column(c).to_numpy().astype(np.int64) for c in ("u", "m", "t")], 1)
 
 
@@ -56,6 +77,11 @@ def _negatives(users: np.ndarray, rated: np.ndarray, items: int, rng: np.random.
     return out
 
 
+def sources(cfg) -> list[str]:
+    """The three .dat files that :func:`load` reads (those present)."""
+    return present(cfg.root, FILES)
+
+
 def load(cfg, seed: int) -> Arrays:
     """Train/test (user, item) rows for the users with at least two ratings."""
     root = require(cfg.root, FILES, "MovieLens-1M's .dat files", HINT)
@@ -65,14 +91,16 @@ def load(cfg, seed: int) -> Arrays:
     u, m = np.searchsorted(user_ids, r[:, 0]), np.searchsorted(movie_ids, r[:, 1])
     if (user_ids[np.minimum(u, len(user_ids) - 1)] != r[:, 0]).any() or \
             (movie_ids[np.minimum(m, len(movie_ids) - 1)] != r[:, 1]).any():
-        from rayfl.schema import ConfigError
-
         raise ConfigError("data.root", root, "ratings.dat whose users and movies all appear "
                           "in users.dat and movies.dat")
     order = np.lexsort((m, r[:, 2], u))  # by user, then time, then movie
     u, m = u[order], m[order]
     counts = np.bincount(u, minlength=len(user_ids))
     keep = counts[u] >= 2
+    if not keep.any():
+        raise ConfigError("data.root", os.path.join(root, "ratings.dat"), "ratings of at least "
+                          "one user who rated two movies (the latest is the test positive, the "
+                          "others train)")
     u, m = u[keep], m[keep]
     last = np.r_[u[1:] != u[:-1], True]  # each user's latest rating is the test positive
     items = len(movie_ids)

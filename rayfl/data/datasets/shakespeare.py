@@ -59,12 +59,23 @@ class Params:
 
 def play_files(root: str | None) -> list[str]:
     """The plays' text files under ``root`` (default :data:`DEFAULT_ROOT`), one edition each."""
-    root = os.path.expanduser(root or DEFAULT_ROOT)
-    files = sorted(f for f in glob.glob(os.path.join(root, "**", "*_gut.txt"), recursive=True)
-                   if not os.path.basename(f).startswith(POEMS))
+    files = sources_of(root)
     if not files:
-        raise ConfigError("data.root", root, f"a folder with the plays' *_gut.txt texts; {HINT}")
+        raise ConfigError("data.root", os.path.expanduser(root or DEFAULT_ROOT),
+                          f"a folder with the plays' *_gut.txt texts; {HINT}")
     return files
+
+
+def sources_of(root: str | None) -> list[str]:
+    """The plays' text files under ``root`` (possibly none)."""
+    root = os.path.expanduser(root or DEFAULT_ROOT)
+    return sorted(f for f in glob.glob(os.path.join(root, "**", "*_gut.txt"), recursive=True)
+                  if not os.path.basename(f).startswith(POEMS))
+
+
+def sources(cfg) -> list[str]:
+    """The play files that :func:`load` reads."""
+    return sources_of(cfg.root)
 
 
 def parse_play(text: str) -> dict[str, list[str]]:
@@ -111,13 +122,18 @@ def parse_play(text: str) -> dict[str, list[str]]:
 
 def parse(root: str | None) -> list[tuple[str, str, list[str]]]:
     """(play, role, lines) of every role with more than two lines (LEAF drops the others),
-    sorted by play file and role."""
+    sorted by play file and role; a file without one such role is not a play (ConfigError)."""
     out = []
     for path in play_files(root):
         with open(path, encoding="latin-1") as f:
             roles = parse_play(f.read())
         play = os.path.basename(path).removesuffix("_gut.txt")
-        out += [(play, r, ls) for r, ls in sorted(roles.items()) if len(ls) > 2]
+        kept = [(play, r, ls) for r, ls in sorted(roles.items()) if len(ls) > 2]
+        if not kept:
+            raise ConfigError("data.root", path, "a play's Gutenberg text: act or scene "
+                              "headings, then speakers' names each before their lines (no role "
+                              f"with more than two lines found); {HINT}")
+        out += kept
     return out
 
 

@@ -21,8 +21,12 @@ masked accuracy).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import pathlib
 import sqlite3
+from collections.abc import Iterator
+
 import numpy as np
 
 from rayfl.data.datasets import Arrays, natural_dataset
@@ -31,6 +35,9 @@ from rayfl.schema import ConfigError
 
 SHAKESPEARE_LEN = 80  # McMahan et al. 2017; TFF's SEQUENCE_LENGTH
 SO_LEN, SO_VOCAB = 20, 10_000  # Reddi et al. 2021
+TABLE = "examples(split_name, client_id, serialized_example_proto)"
+#: what decoding a damaged example raises (a cut varint, a missing feature, not UTF-8 text)
+PROTO_ERRORS = (IndexError, KeyError, ValueError, TypeError, AttributeError)
 HINT = ("export TFF's {0} ClientData to SQLite (tff.simulation.datasets.{0}.load_data's "
         "{0}.sqlite) and set data.root to its folder or the file")
 
@@ -108,53 +115,77 @@ def _list_values(kind: int, lst: bytes) -> list:
 
 # ----- the SQLite file ---------------------------------------------------------------------------
 
+def _path(root: str | None, name: str) -> str | None:
+    if root is None:
+        return None
+    root = os.path.expanduser(root)
+    return root if os.path.isfile(root) else os.path.join(root, f"{name}.sqlite")
+
+
 def database(root: str | None, name: str) -> str:
     """``root`` itself when a file, else ``root/<name>.sqlite``."""
     if root is None:
         raise ConfigError("data.root", None, f"the folder of {name}.sqlite; {HINT.format(name)}")
-    root = os.path.expanduser(root)
-    path = root if os.path.isfile(root) else os.path.join(root, f"{name}.sqlite")
+    path = _path(root, name)
     if not os.path.isfile(path):
-        raise ConfigError("data.root", root, f"{name}.sqlite (TFF's SQLite export); "
-                          f"{HINT.format(name)}")
+        raise ConfigError("data.root", os.path.expanduser(root), f"{name}.sqlite (TFF's SQLite "
+                          f"export); {HINT.format(name)}")
     return path
 
 
-def read(path: str, split: str, feature: str, clients: list[str] | None):
-    """client id -> the ``feature`` values of its examples of ``split`` (file order), for the
-    given clients (default: all, sorted)."""
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+@contextlib.contextmanager
+def _reading(path: str, feature: str) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to ``path``; a file that is not TFF's SQLite export (not SQLite,
+    truncated, another table or columns, an example without ``feature``) is a ConfigError
+    naming it."""
+    con = None
     try:
+        con = sqlite3.connect(pathlib.Path(os.path.abspath(path)).as_uri() + "?mode=ro",
+                              uri=True)
+        yield con
+    except ConfigError:
+        raise
+    except (sqlite3.Error, *PROTO_ERRORS) as e:
+        raise ConfigError("data.root", path, f"TFF's SQLite export: a table {TABLE} whose "
+                          f"serialized tf.train.Examples hold the feature {feature!r} "
+                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    finally:
+        if con is not None:
+            con.close()
+
+
+def read(path: str, split: str, feature: str, clients: list[str] | None):
+    """client id -> the text of the ``feature`` of its examples of ``split`` (file order), for
+    the given clients (default: all, sorted)."""
+    with _reading(path, feature) as con:
         rows = con.execute("SELECT client_id, serialized_example_proto FROM examples WHERE "
                            "split_name = ? ORDER BY client_id, rowid", (split,))
         want = None if clients is None else set(clients)
         out = collections.defaultdict(list)
         for cid, blob in rows:
             if want is None or cid in want:
-                out[cid].append(parse_example(blob)[feature][0])
-    finally:
-        con.close()
+                out[cid].append(parse_example(blob)[feature][0].decode("utf-8"))
+    if not out:
+        whose = f" for its first {len(clients)} training clients" if clients else ""
+        raise ConfigError("data.root", path, f"TFF's SQLite export with examples of split "
+                          f"{split!r}{whose} (it has none)")
     return out
 
 
-def _client_ids(path: str, cfg) -> list[str] | None:
+def _client_ids(path: str, cfg, feature: str) -> list[str] | None:
     """The first ``num_clients`` training client ids under partition natural, else None."""
     if cfg.stored_partition != "natural":
         return None
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        ids = [r[0] for r in con.execute("SELECT DISTINCT client_id FROM examples WHERE "
-                                         "split_name = 'train' ORDER BY client_id LIMIT ?",
-                                         (cfg.num_clients,))]
-    finally:
-        con.close()
-    return ids
+    with _reading(path, feature) as con:
+        return [r[0] for r in con.execute("SELECT DISTINCT client_id FROM examples WHERE "
+                                          "split_name = 'train' ORDER BY client_id LIMIT ?",
+                                          (cfg.num_clients,))]
 
 
 def _assemble(train: dict, test: dict, rows_fn, **kw) -> Arrays:
     users = sorted(train)
     per = [rows_fn(train[u]) for u in users]
-    tests = [rows_fn(test[u]) for u in sorted(test)] or [rows_fn([])]
+    tests = [rows_fn(test[u]) for u in sorted(test)]
     return Arrays(np.concatenate([x for x, _ in per]), np.concatenate([y for _, y in per]),
                   np.concatenate([x for x, _ in tests]), np.concatenate([y for _, y in tests]),
                   groups=np.repeat(np.arange(len(users)), [len(y) for _, y in per]),
@@ -164,11 +195,11 @@ def _assemble(train: dict, test: dict, rows_fn, **kw) -> Arrays:
 def load_shakespeare(cfg, seed: int) -> Arrays:
     """81-token chunks of each client's snippets → (80 input ids, 80 target ids)."""
     path = database(cfg.root, "shakespeare")
-    clients = _client_ids(path, cfg)
+    clients = _client_ids(path, cfg, "snippets")
     oov, bos, eos = len(TFF_CHARS) + 1, len(TFF_CHARS) + 2, len(TFF_CHARS) + 3
 
     def rows(snippets):
-        ids = [np.concatenate([[bos], char_ids(s.decode("utf-8"), TFF_CHARS, 1, oov), [eos]])
+        ids = [np.concatenate([[bos], char_ids(s, TFF_CHARS, 1, oov), [eos]])
                for s in snippets]
         stream = np.concatenate(ids).astype(np.uint8) if ids else np.zeros(0, np.uint8)
         return next_token_rows(stream, SHAKESPEARE_LEN)
@@ -182,11 +213,11 @@ def load_shakespeare(cfg, seed: int) -> Arrays:
 def load_stackoverflow(cfg, seed: int) -> Arrays:
     """One row per sentence: (20 input ids, 20 target ids)."""
     path = database(cfg.root, "stackoverflow")
-    clients = _client_ids(path, cfg)
+    clients = _client_ids(path, cfg, "tokens")
     train = read(path, "train", "tokens", clients)
     test = read(path, "test", "tokens", clients)
     counts = collections.Counter(w for sents in train.values() for s in sents
-                                 for w in s.decode("utf-8").split())
+                                 for w in s.split())
     top = sorted(counts.items(), key=lambda c: (-c[1], c[0]))[:SO_VOCAB]
     vocab = {w: i + 1 for i, (w, _) in enumerate(top)}
     oov, bos, eos = SO_VOCAB + 1, SO_VOCAB + 2, SO_VOCAB + 3
@@ -194,7 +225,7 @@ def load_stackoverflow(cfg, seed: int) -> Arrays:
     def rows(sentences):
         out = np.zeros((len(sentences), SO_LEN + 1), dtype=np.uint16)
         for i, s in enumerate(sentences):
-            ids = [vocab.get(w, oov) for w in s.decode("utf-8").split()[:SO_LEN]]
+            ids = [vocab.get(w, oov) for w in s.split()[:SO_LEN]]
             if len(ids) < SO_LEN:
                 ids.append(eos)
             out[i, :len(ids) + 1] = [bos] + ids
@@ -204,10 +235,19 @@ def load_stackoverflow(cfg, seed: int) -> Arrays:
                      vocab=(eos + 1,), unscored=(oov, bos, eos))
 
 
+def _sources(name: str):
+    def sources(cfg) -> list[str]:
+        """The SQLite file the loader reads."""
+        path = _path(cfg.root, name)
+        return [path] if path and os.path.isfile(path) else []
+    return sources
+
+
 shakespeare = natural_dataset(
     load_shakespeare, "shakespeare",
-    "Shakespeare from TFF's SQLite export: 80 characters → the next 80, one client per client id.")
+    "Shakespeare from TFF's SQLite export: 80 characters → the next 80, one client per client id.",
+    _sources("shakespeare"))
 stackoverflow = natural_dataset(
     load_stackoverflow, "stackoverflow",
     "StackOverflow from TFF's SQLite export: 20 words → the next 20 (10k vocabulary), one client "
-    "per user.")
+    "per user.", _sources("stackoverflow"))
