@@ -8,7 +8,7 @@ Run it (from the repository root)::
 from dataclasses import dataclass
 
 from rayfl import schema
-from rayfl.algorithms.base import Algorithm, LocalRule, ServerParams
+from rayfl.algorithms.base import Algorithm, ClientResult, LocalRule, ServerParams, Traits
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,7 @@ class MyAlgo(Algorithm):
     """FedAvg plus a proximal pull μ (y − x_t) on every local step (FedProx's local rule)."""
 
     Params = PullParams
+    traits = Traits(search_space={"algorithm.pull": {"low": 1e-3, "high": 1.0, "log": True}})
 
-    def client_begin(self, task):
-        return Pull(task.bc["x"], self.p.pull)
-
-    @classmethod
-    def search_space(cls):
-        return {"algorithm.pull": {"low": 1e-3, "high": 1.0, "log": True}}
+    def client_train(self, task, ctx):
+        return ClientResult(ctx.train(Pull(task.bc["x"], self.p.pull)))

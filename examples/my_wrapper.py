@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rayfl.algorithms.wrapper import ServerWrapper
+from rayfl.layers import LayerTraits
 from rayfl.schema import field
 
 
@@ -22,24 +23,17 @@ class ServerEMAParams:
 
 
 class ServerEMA(ServerWrapper):
-    """e_t = β e_{t−1} + (1 − β) x_t is deployed; the inner's x is what its clients get."""
+    """Its slot e_t = β e_{t−1} + (1 − β) x_t is deployed; x is what the clients get."""
 
     Params = ServerEMAParams
-    own_keys = ("ema",)
-    inner_model = "ema_inner"  # the inner's own x, kept beside the deployed average
+    traits = LayerTraits(inner_model="ema_inner")  # the inner's own model, scored beside e_t
 
-    def server_init(self, x0):
-        return {**self.inner.server_init(x0), "ema": x0.clone()}
+    def init(self, x0):
+        return x0.clone()  # e_{−1} = x_0
 
-    def server_update(self, state, agg, t):
-        new, metrics = self.inner.server_update(self.strip(state), agg, t)
-        beta = self.params.decay
-        ema = beta * state["ema"] + (1 - beta) * self.inner.deployed(new)
-        return {**new, "ema": ema}, metrics
+    def after(self, ema, x, srv):
+        beta = self.params.decay  # srv.deployed: the model deployed under this wrapper
+        return x, beta * ema + (1 - beta) * srv.deployed, {}
 
-    def deployed(self, state):
-        return state["ema"]
-
-    def extra_models(self, state):
-        return {**self.inner.extra_models(self.strip(state)),
-                self.inner_model: self.inner.deployed(self.strip(state))}
+    def deployed(self, ema, x):
+        return ema

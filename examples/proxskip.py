@@ -19,7 +19,9 @@ Run it (from the repository root)::
     rayfl run configs/test/tiny.yaml algorithm.name=examples.proxskip:ProxSkip
 """
 
-from rayfl.algorithms.base import Algorithm, ClientResult, LocalRule
+import torch
+
+from rayfl.algorithms.base import Algorithm, ClientResult, LocalRule, Traits
 
 
 class Corrected(LocalRule):
@@ -33,28 +35,22 @@ class Corrected(LocalRule):
 
 
 class ProxSkip(Algorithm):
-    """Scaffnew: local steps corrected by h_i; h_i updated from the round's average."""
+    """Scaffnew: local steps corrected by h_i; each client uploads x − (x̂_i − (γ/p) h_i);
+    h_i updated from the round's average (the ``settle`` capability)."""
 
-    paper_weighting = "uniform"
-    client_state = {"h": "model", "x_hat": "model", "gamma_over_p": "scalar"}
+    traits = Traits(weighting="uniform", capabilities={"settle"},
+                    client_state={"h": "model", "x_hat": "model", "gamma_over_p": "scalar"})
 
-    def client_begin(self, task):
-        return Corrected(task.state["h"] if task.state else 0.0)
+    def client_train(self, task, ctx):
+        x = task.bc["x"]
+        h = task.state["h"] if task.state else torch.zeros_like(x)
+        y = ctx.train(Corrected(h))
+        scale = task.lr * ctx.steps  # γ / p with p = 1/K
+        return ClientResult(y, state={"h": h, "x_hat": y, "gamma_over_p": y.new_tensor(scale)},
+                            upload=x - (y - scale * h))  # the server averages x̂_i − (γ/p) h_i
 
-    def client_end(self, task, y, steps):
-        h = task.state["h"] if task.state else y * 0
-        scale = task.lr * steps  # γ / p with p = 1/K
-        # Δ'_i = x − (x̂_i − (γ/p) h_i) = Δ_i + (γ/p) h_i, weighted like Δ_i
-        return ClientResult({"correction": task.weight * scale * h},
-                            {"h": h, "x_hat": y, "gamma_over_p": y.new_tensor(scale)})
-
-    def server_update(self, state, agg, t):
-        if agg.count == 0:
-            return dict(state), {}
-        return self.server_step(state, agg.delta_mean + agg.extras["correction"] / agg.weight_sum)
-
-    def round_message(self, state, agg, t):
-        return {"x": state["x"]}  # x_{t+1}
+    def round_message(self, x, state, agg, t):
+        return {"x": x}  # x_{t+1}
 
     def client_settle(self, state, message):
         h = state["h"] + (message["x"] - state["x_hat"]) / state["gamma_over_p"]

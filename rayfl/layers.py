@@ -148,7 +148,8 @@ class Layer:
         return agg, slot, {}
 
     def after(self, slot: Any, x: Vec, srv: ServerRound) -> tuple[Vec, Any, dict]:
-        """On the way out: the model after the update under it, the new slot and metrics."""
+        """On the way out: the model after the update under it, the new slot and metrics
+        (``srv.deployed``: the model the layers under it deploy now)."""
         return x, slot, {}
 
     def deployed(self, slot: Any, x: Vec) -> Vec:
@@ -344,6 +345,7 @@ class Stack:
         metrics.update(m)
         metrics.update(srv.metrics)
         for i, layer in enumerate(self.layers):
+            srv.deployed = self._deployed(x, own, slots[:i])
             x, slots[i], m = layer.after(slots[i], x, srv)
             metrics.update(m)
         wrappers, transforms = self._split(slots)
@@ -352,8 +354,12 @@ class Stack:
 
     def deployed(self, state: ServerState) -> Vec:
         """The model evaluated, reported and saved."""
-        x = self.algorithm.deployed(state.x, state.algorithm)
-        for layer, slot in zip(self.layers, self._slots(state)):
+        return self._deployed(state.x, state.algorithm, self._slots(state))
+
+    def _deployed(self, x: Vec, own: Any, slots: list) -> Vec:
+        """The model deployed by the algorithm and the first ``len(slots)`` layers."""
+        x = self.algorithm.deployed(x, own)
+        for layer, slot in zip(self.layers, slots):
             x = layer.deployed(slot, x)
         return x
 

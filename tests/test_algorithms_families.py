@@ -28,10 +28,10 @@ def gd_end(i: int, x: torch.Tensor, steps: int = K) -> torch.Tensor:
 
 def test_fedspeed_without_perturbation_reaches_the_optimum_fedavg_misses():
     _, state, _, cstates = run("fedspeed", 300, rho=0.0, lam=1.0)
-    assert torch.allclose(state["x"], X_STAR, atol=1e-9, rtol=0)
+    assert torch.allclose(state.x, X_STAR, atol=1e-9, rtol=0)
     assert (fedavg_fixed_point() - X_STAR).norm() > 0.1
     # at the fixed point each prox-correction is the client's gradient and they cancel
-    g_hat = torch.stack([cstates[i]["g_hat"] for i in range(len(CLIENTS))])
+    g_hat = torch.stack([cstates[i].algorithm["g_hat"] for i in range(len(CLIENTS))])
     assert torch.allclose(g_hat, A * X_STAR - B, atol=1e-8)
     assert torch.allclose(g_hat.sum(0), torch.zeros_like(X0), atol=1e-8)
 
@@ -42,8 +42,8 @@ def test_fedspeed_without_perturbation_is_feddyn_byte_for_byte():
     algos = make("fedspeed", rho=0.0, lam=4.0), make("feddyn", alpha=0.25)
     (a, _, ca), (b, _, cb) = (simulate(algo, X0, CLIENTS, SPEC, 12, ETA, sample=sample)
                               for algo in algos)
-    assert torch.equal(a["x"], b["x"]) and torch.equal(a["h"], b["h"])
-    assert all(torch.equal(ca[i]["g_hat"], cb[i]["g_hat"]) for i in ca)
+    assert torch.equal(a.x, b.x) and torch.equal(a.algorithm.h, b.algorithm.h)
+    assert all(torch.equal(ca[i].algorithm["g_hat"], cb[i].algorithm["g_hat"]) for i in ca)
 
 
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
@@ -62,8 +62,8 @@ def test_fedspeed_first_round_by_hand(alpha):
         y = ONES - ETA * ((1 - alpha) * g1 + alpha * g2)
         ghats.append(-(y - ONES) / lam)
         outs.append(y - lam * ghats[-1])
-    assert torch.allclose(state["x"], torch.stack(outs).mean(0), atol=1e-12)
-    assert torch.allclose(cstates[0]["g_hat"], ghats[0], atol=1e-12)
+    assert torch.allclose(state.x, torch.stack(outs).mean(0), atol=1e-12)
+    assert torch.allclose(cstates[0].algorithm["g_hat"], ghats[0], atol=1e-12)
 
 
 # ----- FedExP -------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_fedspeed_first_round_by_hand(alpha):
 def test_fedexp_with_a_huge_epsilon_is_fedavg_byte_for_byte():
     _, ref, _, _ = run("fedavg", 20)
     _, st, hist, _ = run("fedexp", 20, eps=1e30)
-    assert torch.equal(st["x"], ref["x"])
+    assert torch.equal(st.x, ref.x)
     assert all(h["server_lr"] == 1.0 for h in hist)
 
 
@@ -83,9 +83,9 @@ def test_fedexp_server_step_by_hand():
     mean = deltas.mean(0)
     eta = max(1.0, float((deltas * deltas).sum(1).mean()) / (2 * (float(mean @ mean) + eps)))
     assert hist[0]["server_lr"] == pytest.approx(eta, rel=1e-12)
-    assert torch.allclose(st["x"], X0 - eta * mean, atol=1e-12)
+    assert torch.allclose(st.x, X0 - eta * mean, atol=1e-12)
     algo = make("fedexp", eps=eps)  # the paper's evaluated model: the mean of the last two
-    assert torch.equal(algo.extra_models(st)["last_two"], (st["x"] + X0) / 2)
+    assert torch.equal(algo.extra_models(st.x, st.algorithm)["last_two"], (st.x + X0) / 2)
 
 
 def test_fedexp_extrapolates_when_updates_disagree():
@@ -99,7 +99,7 @@ def test_fedexp_extrapolates_when_updates_disagree():
 def test_qfedavg_with_q_zero_is_uniform_fedavg():
     _, ref, _, _ = run("fedavg", 20)
     _, st, _, _ = run("qfedavg", 20, q=0.0)
-    assert torch.allclose(st["x"], ref["x"], atol=1e-12, rtol=0)
+    assert torch.allclose(st.x, ref.x, atol=1e-12, rtol=0)
 
 
 @pytest.mark.parametrize("q", [1.0, 2.0])
@@ -113,7 +113,7 @@ def test_qfedavg_first_round_by_hand(q):
         dw = lip * (ONES - gd_end(i, ONES))
         num += f**q * dw
         den += q * f ** (q - 1) * float(dw @ dw) + lip * f**q
-    assert torch.allclose(state["x"], ONES - num / den, atol=1e-12)
+    assert torch.allclose(state.x, ONES - num / den, atol=1e-12)
 
 
 def test_qfedavg_favours_the_clients_with_higher_loss():
@@ -134,7 +134,7 @@ def test_qfedavg_favours_the_clients_with_higher_loss():
 
     def losses(q):
         _, st, _, _ = run("qfedavg", 400, clients=clients, q=q)
-        x = st["x"]
+        x = st.x
         return torch.stack([0.5 * (A[i] * x * x).sum() - B[i] @ x + shift[i]
                             for i in range(len(CLIENTS))])
 
@@ -163,7 +163,7 @@ def test_perfedavg_first_round_by_hand(variant):
     alpha = 0.05
     _, st, _, _ = run("perfedavg", 1, alpha=alpha, variant=variant)
     ends = torch.stack([perfedavg_end(i, X0, alpha, variant) for i in range(len(CLIENTS))])
-    assert torch.allclose(st["x"], ends.mean(0), atol=1e-7 if variant == "hf" else 1e-12)
+    assert torch.allclose(st.x, ends.mean(0), atol=1e-7 if variant == "hf" else 1e-12)
 
 
 def test_perfedavg_without_adaptation_is_fedavg_on_full_batches():
@@ -171,7 +171,7 @@ def test_perfedavg_without_adaptation_is_fedavg_on_full_batches():
     two minibatches, which on one-row clients is the same row)."""
     _, ref, _, _ = run("fedavg", 10)
     _, st, _, _ = run("perfedavg", 10, alpha=0.0)
-    assert torch.equal(st["x"], ref["x"])
+    assert torch.equal(st.x, ref.x)
 
 
 def test_perfedavg_meta_steps_draw_two_or_three_minibatches(tiny):

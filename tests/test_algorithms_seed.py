@@ -15,7 +15,9 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import registry
-from rayfl.algorithms.base import ClientTask, has
+from rayfl.algorithms.base import ClientTask
+from rayfl.algorithms.server_opt import sgd
+from rayfl.layers import Facts, Stack
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.fedmim import FedMIM, FedMIMParams
 from rayfl.algorithms.fedmsi import FedMSI, FedMSIParams, csr_to_dense, dense_graph, orient
@@ -24,6 +26,7 @@ from rayfl.algorithms.ima import IMA, IMAParams, start_round
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
+from tests.core_helpers import FixedTraining, init
 
 D = 6
 K = 4
@@ -70,7 +73,7 @@ def test_fedmim_zero_weights_is_fedavg_bitwise():
     s_avg, _, _ = simulate(FedAvg(weighting="samples"), x0(), clients, spec, **kw)
     s_mim, _, _ = simulate(mim([0.0, 0.0], [0.0, 0.0], weighting="samples"), x0(), clients, spec,
                            **kw)
-    assert torch.equal(s_avg["x"], s_mim["x"])
+    assert torch.equal(s_avg.x, s_mim.x)
 
 
 def test_fedmim_j1_beta0_is_fedcm():
@@ -91,7 +94,7 @@ def test_fedmim_j1_beta0_is_fedcm():
         x_new = torch.stack(ys).mean(0)  # η_g = 1, uniform
         big_delta = (x - x_new) / (lr * K)
         x = x_new
-    assert torch.allclose(state["x"], x, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(state.x, x, rtol=1e-12, atol=1e-12)
 
 
 def test_fedmim_one_step_matches_algorithm1():
@@ -104,11 +107,13 @@ def test_fedmim_one_step_matches_algorithm1():
     st = None
     for t in range(2):
         st, _, _ = simulate(algo, x0(), clients, SPEC, rounds=1, lr0=lr, state=st, start_round=t)
-        xs.append(st["x"].clone())
+        xs.append(st.x.clone())
     d1, d2 = (xs[1] - xs[2]) / K, (xs[0] - xs[1]) / K  # newest first
     m_a, m_b = alpha[0] * d1 + alpha[1] * d2, beta[0] * d1 + beta[1] * d2
-    bc = algo.broadcast(st, 2)
-    rule = algo.client_begin(ClientTask(0, 2, lr, 1.0, bc, None))
+    bc = algo.broadcast(st.x, st.algorithm, 2)
+    ctx = FixedTraining(bc["x"], bc["x"], K, lr)
+    algo.client_train(ClientTask(0, 2, lr, 1.0, bc, None), ctx)
+    rule = ctx.rule
     y = torch.arange(D, dtype=DT)
     _, g = clients[0].grad_fn(rule.grad_point(y), None)
     step = y - lr * rule.direction(g, y, lr)
@@ -128,9 +133,9 @@ def test_fedmim_inertia_is_sum_alpha_times_last_move_with_unequal_steps():
     flat = [quadratic_client(torch.zeros(D, dtype=DT), torch.zeros(D, dtype=DT), n=n)
             for n in sizes]  # f_i = 0
     st2, _, _ = simulate(algo, x0(), flat, spec, state=st, start_round=1, **kw)
-    last_move = x0() - st["x"]
+    last_move = x0() - st.x
     assert last_move.norm() > 0.1
-    assert torch.allclose(st["x"] - st2["x"], 0.9 * last_move, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(st.x - st2.x, 0.9 * last_move, rtol=1e-12, atol=1e-14)
 
 
 def test_fedmim_participation_equals_broadcast_under_full_participation():
@@ -139,13 +144,13 @@ def test_fedmim_participation_equals_broadcast_under_full_participation():
     s_b, _, _ = simulate(mim([0.6, 0.3], [0.9, 0.1]), x0(), clients, SPEC, **kw)
     s_p, _, cs = simulate(mim([0.6, 0.3], [0.9, 0.1], "participation"), x0(), clients, SPEC,
                           **kw)
-    assert torch.equal(s_b["x"], s_p["x"])
-    assert set(cs[0]) == {"mim_x", "mim_t", "mim_d1"}
+    assert torch.equal(s_b.x, s_p.x)
+    assert set(cs[0].algorithm) == {"mim_x", "mim_t", "mim_d1"}
     # partial participation: a client's history is its own, so the two modes part ways
     kw["sample"] = partial(5, 2)
     s_b, _, _ = simulate(mim([0.6, 0.3], [0.9, 0.1]), x0(), clients, SPEC, **kw)
     s_p, _, _ = simulate(mim([0.6, 0.3], [0.9, 0.1], "participation"), x0(), clients, SPEC, **kw)
-    assert not torch.allclose(s_b["x"], s_p["x"])
+    assert not torch.allclose(s_b.x, s_p.x)
 
 
 @pytest.mark.parametrize("raw, key", [
@@ -168,7 +173,9 @@ def msi(n, weighting="samples", **params):
 
 def setup_msi(algo, raw_inputs, x_init):
     summaries = torch.stack([torch.as_tensor(algo.client_setup(x, None)) for x in raw_inputs])
-    return algo.server_setup(algo.server_init(x_init), np.arange(len(raw_inputs)), summaries)
+    state = init(algo, x_init)
+    own = algo.server_setup(state.algorithm, np.arange(len(raw_inputs)), summaries)
+    return dataclasses.replace(state, algorithm=own)
 
 
 def random_inputs(n, seed=0, dim=D):
@@ -194,11 +201,12 @@ def test_fedmsi_graph_and_degree_weights_by_hand():
                              [ln2, 0, c, ln2],
                              [c, c, 0, ln2],
                              [ln2, ln2, ln2, 0]], dtype=DT)
-    assert torch.allclose(state["msi_A"], expected, atol=1e-12)
+    assert torch.allclose(state.algorithm.A, expected, atol=1e-12)
     deg = [2 * ln2 + c, 2 * ln2 + c, 2 * c + ln2, 3 * ln2]
-    w = algo.aggregation_weights(state, [0, 1, 2, 3], [4, 2, 2, 1])
+    w = algo.aggregation_weights(state.algorithm, [0, 1, 2, 3], [4, 2, 2, 1])
     assert np.allclose(np.array(w) / sum(w), np.array(deg) / sum(deg), atol=1e-12)
-    assert np.allclose(algo.aggregation_weights(state, [3, 1], [1, 2]), [deg[3], deg[1]])
+    assert np.allclose(algo.aggregation_weights(state.algorithm, [3, 1], [1, 2]),
+                       [deg[3], deg[1]])
 
 
 def test_fedmsi_sign_fix_and_identical_clients():
@@ -209,29 +217,29 @@ def test_fedmsi_sign_fix_and_identical_clients():
     flipped = m * torch.tensor([-1.0, 1.0, -1.0, 1.0], dtype=DT)[:, None]
     s1 = algo.server_setup(algo.server_init(torch.zeros(3)), np.arange(4), m)
     s2 = algo.server_setup(algo.server_init(torch.zeros(3)), np.arange(4), flipped)
-    assert torch.equal(s1["msi_A"], s2["msi_A"])
+    assert torch.equal(s1.A, s2.A)
     twins = msi(2)
     st = setup_msi(twins, [HAND_INPUTS[1], 2 * HAND_INPUTS[1]], torch.zeros(3))
-    assert st["msi_A"][0, 1] == pytest.approx(-math.log(1e-12))
+    assert st.algorithm.A[0, 1] == pytest.approx(-math.log(1e-12))
 
 
 def test_fedmsi_knn_graph_equals_dense_when_k_is_n_minus_1():
     n = 7
     inputs = random_inputs(n)
-    dense = setup_msi(msi(n), inputs, torch.zeros(D))
-    sparse = setup_msi(msi(n, dense_max_clients=0, knn=n - 1), inputs, torch.zeros(D))
-    assert "msi_A" not in sparse
-    a = csr_to_dense(sparse["msi_crow"], sparse["msi_col"], sparse["msi_val"])
-    assert torch.allclose(a, dense["msi_A"], rtol=1e-12, atol=1e-12)
-    assert torch.allclose(sparse["msi_deg"], dense["msi_deg"], rtol=1e-12)
+    dense = setup_msi(msi(n), inputs, torch.zeros(D)).algorithm
+    sparse = setup_msi(msi(n, dense_max_clients=0, knn=n - 1), inputs, torch.zeros(D)).algorithm
+    assert sparse.A is None
+    a = csr_to_dense(sparse.crow, sparse.col, sparse.val)
+    assert torch.allclose(a, dense.A, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(sparse.deg, dense.deg, rtol=1e-12)
 
 
 def test_fedmsi_knn_graph_is_union_of_k_nearest():
     n, k = 9, 2
     inputs = random_inputs(n, seed=3)
-    full = setup_msi(msi(n), inputs, torch.zeros(D))["msi_A"].numpy()
-    sparse = setup_msi(msi(n, dense_max_clients=0, knn=k), inputs, torch.zeros(D))
-    a = csr_to_dense(sparse["msi_crow"], sparse["msi_col"], sparse["msi_val"]).numpy()
+    full = setup_msi(msi(n), inputs, torch.zeros(D)).algorithm.A.numpy()
+    sparse = setup_msi(msi(n, dense_max_clients=0, knn=k), inputs, torch.zeros(D)).algorithm
+    a = csr_to_dense(sparse.crow, sparse.col, sparse.val).numpy()
     keep = np.zeros((n, n), bool)
     for i in range(n):
         row = full[i].copy()
@@ -249,7 +257,7 @@ def test_fedmsi_beta_one_is_fedavg_bitwise():
     kw = dict(rounds=5, lr0=0.05, sample=partial(n, 3))
     s_msi, _, _ = simulate(algo, x0(), clients, SPEC, state=state, **kw)
     s_avg, _, _ = simulate(FedAvg(), x0(), clients, SPEC, **kw)
-    assert torch.equal(s_msi["x"], s_avg["x"])
+    assert torch.equal(s_msi.x, s_avg.x)
 
 
 def test_fedmsi_local_step_and_anchor_rule():
@@ -258,7 +266,7 @@ def test_fedmsi_local_step_and_anchor_rule():
     clients = make_clients(n)
     algo = msi(n, beta=beta)
     state = setup_msi(algo, HAND_INPUTS, x0())
-    a = state["msi_A"]
+    a = state.algorithm.A
     s0 = [0, 2, 3]
     state, _, _ = simulate(algo, x0(), clients, SPEC, rounds=1, lr0=lr, state=state,
                            sample=lambda t: s0)
@@ -269,23 +277,23 @@ def test_fedmsi_local_step_and_anchor_rule():
             _, g = clients[j].grad_fn(beta * y + (1 - beta) * x0(), None)
             y = y - lr * g
         ys[j] = y
-    assert torch.allclose(state["x"], sum(clients[j].n * ys[j] for j in s0)
+    assert torch.allclose(state.x, sum(clients[j].n * ys[j] for j in s0)
                           / sum(clients[j].n for j in s0), rtol=1e-12)
-    bc = algo.broadcast(state, 1)
+    bc = algo.broadcast(state.x, state.algorithm, 1)
     for i in range(n):
         w = {j: float(a[i, j]) for j in s0 if j != i}
         u = sum(w[j] * ys[j] for j in w) / sum(w.values())
         assert torch.allclose(algo.anchor(bc, i), u, rtol=1e-12, atol=1e-12)
     # S_0 = {1}: client 1 has no neighbour among last round's participants → fallback anchor
     x_other = x0() + 1.0
-    st = setup_msi(algo, HAND_INPUTS, x0())
-    st = algo.receive_client_models(st, [1], torch.stack([x_other]))
-    st["x"] = x0() * 3
-    bc = algo.broadcast(st, 1)
-    assert torch.equal(algo.anchor(bc, 1), st["x"])  # default: the round's x_t
+    own = algo.anchors(setup_msi(algo, HAND_INPUTS, x0()).algorithm, [1],
+                       torch.stack([x_other]))
+    x_t = x0() * 3
+    bc = algo.broadcast(x_t, own, 1)
+    assert torch.equal(algo.anchor(bc, 1), x_t)  # default: the round's x_t
     assert torch.allclose(algo.anchor(bc, 0), x_other)
     initial = msi(n, beta=beta, anchor_fallback="x0")
-    assert torch.equal(initial.anchor(initial.broadcast(st, 1), 1), x0())
+    assert torch.equal(initial.anchor(initial.broadcast(x_t, own, 1), 1), x0())
 
 
 def test_orient_handles_zero_sum_rows():
@@ -297,9 +305,9 @@ def test_orient_handles_zero_sum_rows():
 
 
 # ----- IMA -------------------------------------------------------------------------------------
-def ima(inner, rounds=1, **params):
-    """IMA around ``inner`` with these keys (``start`` ≥ 1: the round index t_s)."""
-    return IMA(inner, IMAParams(**params), rounds=rounds)
+def ima(rounds=1, adaptive=False, **params):
+    """IMA with these keys (``start`` ≥ 1: the round index t_s) in a run of ``rounds``."""
+    return IMA(IMAParams(**params), Facts(rounds=rounds, adaptive_server_opt=adaptive))
 
 
 def ima_lr(t, lr0, decay, t_s, after):
@@ -316,22 +324,23 @@ def test_ima_sends_mean_of_last_window_inner_models():
         sent_ref.append(x)
         st, _, _ = simulate(FedAvg(), x, clients, SPEC, rounds=1, lr0=ima_lr(t, lr0, decay, t_s,
                                                                              after),
-                            state={"x": x}, sample=sample, start_round=t)
-        outs.append(st["x"])
-        x = torch.stack(outs[-P:]).mean(0) if t >= t_s else st["x"]
-    algo = ima(FedAvg(), window=P, start=t_s, decay_after=after)
-    state, sent = algo.server_init(x0()), []
+                            sample=sample, start_round=t)
+        outs.append(st.x)
+        x = torch.stack(outs[-P:]).mean(0) if t >= t_s else st.x
+    wrapper = ima(window=P, start=t_s, decay_after=after)
+    stack = Stack(FedAvg(), sgd(1.0), [wrapper])
+    state, sent = stack.init(x0()), []
     for t in range(rounds):
-        sent.append(algo.broadcast(state, t)["x"].clone())
-        state, _, _ = simulate(algo, x0(), clients, SPEC, rounds=1, lr0=lr0, lr_decay=decay,
-                               state=state, sample=sample, start_round=t)
+        sent.append(stack.start(state, t).clone())
+        state, _, _ = simulate(FedAvg(), x0(), clients, SPEC, rounds=1, lr0=lr0, lr_decay=decay,
+                               state=state, sample=sample, start_round=t, wrappers=[wrapper])
     for t in range(t_s + 1):  # before IMA's first mean: the inner's own model
         assert torch.equal(sent[t], sent_ref[t])
     for t in range(t_s + 1, rounds):
         assert torch.allclose(sent[t], sent_ref[t], rtol=1e-13, atol=1e-13)
-    assert torch.allclose(algo.deployed(state), x, rtol=1e-13, atol=1e-13)
-    assert torch.allclose(algo.extra_models(state)["ima_inner"], outs[-1])
-    assert state["ima_buf"].shape == (P, D)
+    assert torch.allclose(stack.deployed(state), x, rtol=1e-13, atol=1e-13)
+    assert torch.allclose(stack.extra_models(state)["ima_inner"], outs[-1])
+    assert state.wrappers[0].buf.shape == (P, D)
 
 
 @pytest.mark.parametrize("rounds, t_s, at_ts, last_ima, last_plain", [
@@ -340,12 +349,15 @@ def test_ima_sends_mean_of_last_window_inner_models():
     (200, 150, 2.215e-3, 4.978e-4, 1.353e-3),
 ])
 def test_ima_lr_schedule_matches_spec_table(rounds, t_s, at_ts, last_ima, last_plain):
-    algo = ima(FedAvg(), rounds, start=0.75, decay_after=0.97)
-    assert algo.t_s == t_s
-    assert algo.local_lr(t_s, 0.01, 0.99) == pytest.approx(at_ts, rel=5e-4)
-    assert algo.local_lr(rounds - 1, 0.01, 0.99) == pytest.approx(last_ima, rel=5e-4)
-    assert FedAvg().local_lr(rounds - 1, 0.01, 0.99) == pytest.approx(last_plain, rel=5e-4)
-    assert algo.local_lr(t_s - 1, 0.01, 0.99) == FedAvg().local_lr(t_s - 1, 0.01, 0.99)
+    wrapper = ima(rounds, start=0.75, decay_after=0.97)
+    assert wrapper.t_s == t_s
+    with_ima, plain = Stack(FedAvg(), sgd(1.0), [wrapper]), Stack(FedAvg(), sgd(1.0))
+    state, bare = with_ima.init(x0()), plain.init(x0())
+    assert with_ima.client_lr(state, t_s, 0.01, 0.99) == pytest.approx(at_ts, rel=5e-4)
+    assert with_ima.client_lr(state, rounds - 1, 0.01, 0.99) == pytest.approx(last_ima, rel=5e-4)
+    assert plain.client_lr(bare, rounds - 1, 0.01, 0.99) == pytest.approx(last_plain, rel=5e-4)
+    assert with_ima.client_lr(state, t_s - 1, 0.01, 0.99) == \
+        plain.client_lr(bare, t_s - 1, 0.01, 0.99)
 
 
 def test_ima_start_round():
@@ -353,44 +365,43 @@ def test_ima_start_round():
     assert start_round(0.7, 100) == 70 and start_round(0.0, 10) == 0
 
 
-class _Recorder(FedAvg):
-    """FedAvg (η_g = 1) whose server optimizer counts as adaptive; counts moment resets."""
-
-    def __init__(self):
-        super().__init__()
-        self.resets = []
-        self.server_opt = dataclasses.replace(self.server_opt, adaptive=True, reset=self._reset)
-
-    def _reset(self, x):
-        self.resets.append(True)
+def recorder(resets: list):
+    """SGD at η_g = 1 that counts as adaptive and counts its restarts."""
+    def reset(x):
+        resets.append(True)
         return {}
 
+    return dataclasses.replace(sgd(1.0), adaptive=True, reset=reset)
 
-def _run(algo, rounds=7, n=5):
-    state = algo.server_init(x0())
-    sent = []
+
+def _run(inner, wrapper, rounds=7, n=5, opt=None):
+    opt = opt or inner.default_server_opt()
+    stack = Stack(inner, opt, [wrapper])
+    state, sent = stack.init(x0()), []
     for t in range(rounds):
-        sent.append(algo.broadcast(state, t)["x"].clone())
-        state, _, _ = simulate(algo, x0(), make_clients(n), SPEC, rounds=1, lr0=0.05,
-                               state=state, sample=partial(n, 2, seed=3), start_round=t)
+        sent.append(stack.start(state, t).clone())
+        state, _, _ = simulate(inner, x0(), make_clients(n), SPEC, rounds=1, lr0=0.05,
+                               state=state, sample=partial(n, 2, seed=3), start_round=t,
+                               wrappers=[wrapper], server_opt=opt)
     return state, sent
 
 
 def test_ima_resets_inner_moments_once_at_start_and_only_when_asked():
-    inner = _Recorder()
-    _run(ima(inner, window=2, start=3))
-    assert len(inner.resets) == 1
-    inner = _Recorder()
-    _run(ima(inner, window=2, start=3, reset_server_moments=False))
-    assert inner.resets == []
+    resets = []
+    _run(FedAvg(), ima(adaptive=True, window=2, start=3), opt=recorder(resets))
+    assert len(resets) == 1
+    resets = []
+    _run(FedAvg(), ima(adaptive=True, window=2, start=3, reset_server_moments=False),
+         opt=recorder(resets))
+    assert resets == []
 
 
 def test_ima_target_mode_equals_output_mode_for_unit_server_step():
     """Averaging the pseudo-targets then stepping with η_g = 1 lands on the same mean."""
-    _, sent_out = _run(ima(FedAvg(), window=3, start=2))
-    target = ima(_Recorder(), window=3, start=2)
+    _, sent_out = _run(FedAvg(), ima(window=3, start=2))
+    target = ima(adaptive=True, window=3, start=2)
     assert target.average == "target"
-    _, sent_tgt = _run(target)
+    _, sent_tgt = _run(FedAvg(), target, opt=recorder([]))
     for a, b in zip(sent_out, sent_tgt):
         assert torch.allclose(a, b, rtol=1e-13, atol=1e-13)
 
@@ -398,21 +409,21 @@ def test_ima_target_mode_equals_output_mode_for_unit_server_step():
 def test_ima_fedadam_moments_restart_on_mean_target():
     """At t_s the moments restart from zero and Adam is fed u = mean(targets) − x_t."""
     t_s = 3
-    algo = ima(FedAdam(), window=2, start=t_s)
-    state, sent = _run(algo, rounds=t_s + 1)
-    u = state["ima_buf"].mean(0) - sent[t_s]  # −Δ̄' with Δ̄' = x_t − mean(targets)
-    assert torch.allclose(state["m"], (1 - algo.p.beta1) * u, rtol=1e-12, atol=1e-15)
-    no_reset = ima(FedAdam(), window=2, start=t_s, reset_server_moments=False)
-    state2, _ = _run(no_reset, rounds=t_s + 1)
-    assert not torch.allclose(state2["m"], (1 - algo.p.beta1) * u)
+    adam = FedAdam()
+    state, sent = _run(adam, ima(adaptive=True, window=2, start=t_s), rounds=t_s + 1)
+    u = state.wrappers[0].buf.mean(0) - sent[t_s]  # −Δ̄' with Δ̄' = x_t − mean(targets)
+    assert torch.allclose(state.server_opt["m"], (1 - adam.p.beta1) * u, rtol=1e-12,
+                          atol=1e-15)
+    state2, _ = _run(FedAdam(), ima(adaptive=True, window=2, start=t_s,
+                                    reset_server_moments=False), rounds=t_s + 1)
+    assert not torch.allclose(state2.server_opt["m"], (1 - adam.p.beta1) * u)
 
 
-def test_ima_delegates_hooks_to_inner():
-    algo = ima(msi(4), window=2, start=1)
-    assert has(algo, "client_setup") and has(algo, "receive_client_models")
-    assert algo.name == "fedmsi" and not has(ima(FedAvg()), "client_setup")
-    state = setup_msi(algo, HAND_INPUTS, torch.zeros(3, dtype=DT))
-    assert "msi_A" in state and "ima_buf" in state
-    wrapped = ima(mim([0.5], [0.5], "participation"), window=2, start=1)
-    assert wrapped.client_state == {"mim_x": "model", "mim_t": "scalar"}
-    assert algo.client_setup == algo.inner.client_setup  # the inner's capability itself
+def test_ima_owns_its_slot_and_the_inner_keeps_its_own():
+    algo, wrapper = msi(4), ima(window=2, start=1)
+    stack = Stack(algo, algo.default_server_opt(), [wrapper])
+    state = stack.init(torch.zeros(3, dtype=DT))
+    summaries = torch.stack([torch.as_tensor(algo.client_setup(x, None)) for x in HAND_INPUTS])
+    own = algo.server_setup(state.algorithm, np.arange(4), summaries)
+    assert own.A is not None and state.wrappers[0].buf.shape == (0, 3)
+    assert algo.traits.has("setup") and not FedAvg.traits.has("setup")

@@ -58,17 +58,17 @@ def test_one_round_follows_algorithm_1_in_closed_form(alpha, adaptive):
         w, v = w - lr * (a * w - b), v - lr * mix * g_v
         if adaptive:
             mix = new_mix
-    assert torch.allclose(states[0]["v"], v, atol=1e-6)
-    assert states[0]["alpha"].shape == (1,)
-    assert states[0]["alpha"].item() == pytest.approx(mix, abs=1e-6)
-    assert torch.allclose(state["x"], w, atol=1e-6)  # one client: the global step is its SGD
+    assert torch.allclose(states[0].algorithm["v"], v, atol=1e-6)
+    assert states[0].algorithm["alpha"].shape == (1,)
+    assert states[0].algorithm["alpha"].item() == pytest.approx(mix, abs=1e-6)
+    assert torch.allclose(state.x, w, atol=1e-6)  # one client: the global step is its SGD
     if adaptive:
         assert mix != alpha  # the check above saw α move
     if alpha == 1.0:  # pure local training of v
         z = torch.zeros(2)
         for _ in range(k):
             z = z - lr * (a * z - b)
-        assert torch.allclose(states[0]["v"], z, atol=1e-6)
+        assert torch.allclose(states[0].algorithm["v"], z, atol=1e-6)
 
 
 def test_personal_model_mixes_v_with_the_current_global_model():

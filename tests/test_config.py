@@ -90,7 +90,7 @@ def test_auto_weighting_is_the_papers_choice(name, weighting, expected):
     from rayfl.algorithms import build
 
     cfg = config.load(TINY, [f"algorithm.name={name}", f"aggregation.weighting={weighting}"])
-    assert build(cfg, num_clients=20).weighting == expected
+    assert build(cfg, num_clients=20).algorithm.weighting == expected
 
 
 def test_configs_of_earlier_versions_load_in_todays_keys():

@@ -9,6 +9,8 @@ and the AdaBest 1 % config.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -16,15 +18,18 @@ import torch
 import rayfl
 from rayfl import config
 from rayfl.algorithms import build, registry
-from rayfl.algorithms.base import ClientTask, has
+from rayfl.algorithms.base import PLAIN_SGD, ClientTask
+from rayfl.algorithms.feddyn import FedDyn
 from rayfl.algorithms.fedmsi import dense_graph, orient
 from rayfl.algorithms.ima import IMA, IMAParams
+from rayfl.layers import Facts, Stack
 from rayfl.cli import main
 from rayfl.compare import variant
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec, batch_schedule, train_client
 from rayfl.schema import ConfigError
 from tests.conftest import ROOT, TINY
+from tests.core_helpers import FixedTraining
 
 F64 = torch.float64
 
@@ -84,7 +89,7 @@ def test_plain_model_matches_torch_optimizer_with_clip_grad_norm(optimizer, mome
             clipped.append(float(torch.nn.utils.clip_grad_norm_([param], clip)) > clip)
         opt.step()
     assert clip is None or any(clipped)
-    y = rayfl_loop(registry.get("fedavg")().client_begin(ClientTask(0, 0, lr, 1.0, {"x": Y0}, None)), spec, lr)
+    y = rayfl_loop(PLAIN_SGD, spec, lr)
     assert torch.allclose(y, param.detach(), rtol=0, atol=1e-9)
 
 
@@ -96,8 +101,7 @@ def test_clip_epsilon_is_torchs():
         return torch.zeros((), dtype=F64), g.clone()
 
     spec = LocalSpec(steps=1, batch_size=1, clip_norm=1.0)
-    rule = registry.get("fedavg")().client_begin(ClientTask(0, 0, 1.0, 1.0, {"x": g}, None))
-    y, _, _ = train_client(rule, torch.zeros(2, dtype=F64), fixed_grad, 1, spec, 1.0,
+    y, _, _ = train_client(PLAIN_SGD, torch.zeros(2, dtype=F64), fixed_grad, 1, spec, 1.0,
                            np.random.default_rng(0))
     param = torch.nn.Parameter(torch.zeros(2, dtype=F64))
     param.grad = g.clone()
@@ -141,7 +145,23 @@ def _case(name: str):
         u = (VEC_A + 3 * VEC_B) / 4
         return algo, bc, None, lambda p: 0.7 * p + 0.3 * u, lambda p: 0.0, 1.0
     algo = cls()  # plain local training
-    return algo, algo.broadcast(algo.server_init(X_T), 0), None, None, lambda p: 0.0, 1.0
+    return algo, algo.broadcast(X_T, algo.server_init(X_T), 0), None, None, lambda p: 0.0, 1.0
+
+
+def rule_of(algo, task):
+    """The local rule an algorithm's client_train trains under (its fast flat-vector path),
+    or plain SGD for a client procedure whose local steps add no correction here."""
+    if isinstance(algo, FedDyn):  # FedDyn's and FedSpeed's own
+        return algo.rule(task)
+    if algo.name not in CORRECTED:
+        return PLAIN_SGD
+    ctx = FixedTraining(task.bc["x"], task.bc["x"], STEPS, task.lr)
+    algo.client_train(task, ctx)
+    return ctx.rule
+
+
+#: the algorithms whose local step _case writes a correction for
+CORRECTED = {"scaffold", "feddyn", "fedspeed", "fedprox", "adabest", "fedmim", "fedmsi"}
 
 
 LR = 0.05
@@ -172,7 +192,7 @@ def test_every_accepted_local_optimiser_is_torch_with_the_papers_correction(name
         torch.nn.utils.clip_grad_norm_([param], clip)
         param.grad = scale * param.grad + correction(p)
         opt.step()
-    y = rayfl_loop(algo.client_begin(ClientTask(3, 1, LR, 1.0, bc, cstate)), spec, LR)
+    y = rayfl_loop(rule_of(algo, ClientTask(3, 1, LR, 1.0, bc, cstate)), spec, LR)
     assert torch.allclose(y, param.detach(), rtol=0, atol=1e-9)
     cfg = config.load(TINY, [f"algorithm.name={name}", f"local.optimizer={optimizer}",
                              f"local.momentum={momentum}", f"local.clip_norm={clip}"])
@@ -210,7 +230,8 @@ def test_cli_refuses_fedmim_with_adam_with_exit_2_and_writes_nothing(tmp_path, c
 def test_degree_weighting_only_for_fedmsi(name):
     overrides = [f"algorithm.name={name}", "aggregation.weighting=degree"]
     if name == "fedmsi":
-        assert build(config.load(TINY, overrides), num_clients=20).weighting == "degree"
+        assert build(config.load(TINY, overrides), num_clients=20).algorithm.weighting == \
+            "degree"
         return
     with pytest.raises(ConfigError) as err:
         config.load(TINY, overrides)
@@ -228,8 +249,8 @@ def test_cli_refuses_fedavg_with_degree_with_exit_2(tmp_path, capsys):
 def test_every_algorithm_weights_as_configured(name, weighting):
     """p_i ∝ n_i (samples), 1 (uniform); auto is the paper's (checked on fedmsi's graph below)."""
     algo = build(config.load(TINY, [f"algorithm.name={name}",
-                                    f"aggregation.weighting={weighting}"]), num_clients=3)
-    resolved = registry.get(name).paper_weighting if weighting == "auto" else weighting
+                                    f"aggregation.weighting={weighting}"]), num_clients=3).algorithm
+    resolved = registry.get(name).traits.weighting if weighting == "auto" else weighting
     assert algo.weighting == resolved
     if resolved == "degree":
         return
@@ -239,7 +260,7 @@ def test_every_algorithm_weights_as_configured(name, weighting):
 
 # ----- 3. fedmsi's auto weighting is its paper's degree weighting --------------------------------
 def test_fedmsi_auto_weights_by_similarity_degree():
-    algo = build(config.load(TINY, ["algorithm.name=fedmsi"]), num_clients=3)
+    algo = build(config.load(TINY, ["algorithm.name=fedmsi"]), num_clients=3).algorithm
     assert algo.weighting == "degree"
     m = torch.tensor([[1.0, 0.0, 0.2], [0.6, 0.8, 0.0], [0.1, 0.1, 1.0]], dtype=F64)
     state = algo.server_setup(algo.server_init(torch.zeros(2, dtype=F64)), [0, 1, 2], m)
@@ -256,7 +277,7 @@ def test_compare_gives_fedmsi_its_papers_weighting(base_weighting, entry, expect
     base = config.to_dict(config.load(TINY, ["algorithm.name=fedmsi",
                                              f"aggregation.weighting={base_weighting}"]))
     cfg = config.from_dict(variant(base, entry))
-    assert build(cfg, num_clients=20).weighting == expected
+    assert build(cfg, num_clients=20).algorithm.weighting == expected
 
 
 # ----- 4. IMA: what it averages and deploys, or a config error -----------------------------------
@@ -289,16 +310,19 @@ def _inner(name):
     return cls(weighting=weighting, num_clients=N_CLIENTS, local_momentum=QSPEC.momentum)
 
 
-def _init(algo):
-    state = algo.server_init(QX0)
-    if has(algo, "client_setup"):
-        state = algo.server_setup(state, list(range(N_CLIENTS)), SUMMARIES)
-    return state
+def _init(algo, wrappers=()):
+    """(stack, fresh state) of ``algo`` inside ``wrappers``, its set-up done."""
+    stack = Stack(algo, algo.default_server_opt(), list(wrappers))
+    state = stack.init(QX0)
+    if algo.traits.has("setup"):
+        own = algo.server_setup(state.algorithm, list(range(N_CLIENTS)), SUMMARIES)
+        state = dataclasses.replace(state, algorithm=own)
+    return stack, state
 
 
-def _round(algo, state, cstates, t, lr0):
+def _round(algo, state, t, lr0, wrappers=()):
     state, _, _ = simulate(algo, QX0, QUAD, QSPEC, rounds=1, lr0=lr0, state=state,
-                           client_states=cstates, sample=_sample, start_round=t)
+                           sample=_sample, start_round=t, wrappers=wrappers)
     return state
 
 
@@ -306,31 +330,46 @@ def _lr(t):
     return LR0 if t < T_S else LR0 * AFTER ** (t - T_S)
 
 
+def _ima(inner):
+    return IMA(IMAParams(window=P, start=T_S, decay_after=AFTER),
+               Facts(rounds=ROUNDS, adaptive_server_opt=inner.default_server_opt().adaptive))
+
+
+def _assert_close(a, b, where):
+    """Every floating-point tensor of two slots agrees."""
+    if isinstance(a, torch.Tensor) and a.is_floating_point():
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12), where
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _assert_close(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    elif isinstance(a, dict):
+        for k in a:
+            _assert_close(a[k], b[k], f"{where}.{k}")
+
+
 @pytest.mark.parametrize("name", ["fedavg", "fedavgm", "fedprox", "scaffold", "feddyn",
                                   "fednova", "fedmsi"])
 def test_ima_replaces_the_inners_model_by_the_mean_of_its_last_outputs(name):
     """By hand: the inner algorithm alone, its x replaced by the mean of its last P outputs from
-    t_s on (the rest of its server and client state untouched), clients from that mean."""
+    t_s on (the rest of its server state untouched), clients from that mean."""
     config.load(TINY, [f"algorithm.name={name}", "wrappers.ima.window=3"])  # accepted
-    inner, ref_cs, outs = _inner(name), {}, []
-    ref = _init(inner)
-    algo = IMA(_inner(name), IMAParams(window=P, start=T_S, decay_after=AFTER))
-    state, cs = _init(algo), {}
+    inner, outs = _inner(name), []
+    ref_stack, ref = _init(inner)
+    algo = _inner(name)
+    wrapper = _ima(algo)
+    stack, state = _init(algo, [wrapper])
     for t in range(ROUNDS):
-        assert torch.allclose(algo.broadcast(state, t)["x"], inner.broadcast(ref, t)["x"],
-                              rtol=1e-12, atol=1e-12)
-        ref = _round(inner, ref, ref_cs, t, _lr(t))
-        outs.append(ref["x"])
+        assert torch.allclose(stack.start(state, t), ref_stack.start(ref, t), rtol=1e-12,
+                              atol=1e-12)
+        ref = _round(inner, ref, t, _lr(t))
+        outs.append(ref.x)
         if t >= T_S:
-            ref = {**ref, "x": torch.stack(outs[-P:]).mean(0)}
-        state = _round(algo, state, cs, t, LR0)
-        for key, value in ref.items():
-            if isinstance(value, torch.Tensor) and value.is_floating_point():
-                assert torch.allclose(state[key], value, rtol=1e-12, atol=1e-12), (t, key)
-        assert torch.allclose(algo.deployed(state), ref["x"], rtol=1e-12, atol=1e-12)
-    for i in ref_cs:
-        for key, value in ref_cs[i].items():
-            assert torch.allclose(cs[i][key], value, rtol=1e-12, atol=1e-12)
+            ref = dataclasses.replace(ref, x=torch.stack(outs[-P:]).mean(0))
+        state = _round(algo, state, t, LR0, [wrapper])
+        assert torch.allclose(state.x, ref.x, rtol=1e-12, atol=1e-12), t
+        _assert_close(state.algorithm, ref.algorithm, f"round {t}")
+        _assert_close(state.server_opt, ref.server_opt, f"round {t}")
+        assert torch.allclose(stack.deployed(state), ref.x, rtol=1e-12, atol=1e-12)
 
 
 def _server_step(name, p, x, u, m, v):
@@ -349,44 +388,48 @@ def _server_step(name, p, x, u, m, v):
 def test_ima_around_fedopt_averages_targets_and_restarts_moments_at_zero(name):
     """The authors' code: the window holds the client averages (FedAvg's output from x_t); from
     t_s the server optimiser steps toward their mean with m = v = 0 at t_s (not v = τ²)."""
-    algo = IMA(_inner(name), IMAParams(window=P, start=T_S, decay_after=AFTER))
-    p = algo.inner.p
-    state, cs = _init(algo), {}
+    inner = _inner(name)
+    wrapper = _ima(inner)
+    assert wrapper.average == "target"
+    p = inner.p
+    _, state = _init(inner, [wrapper])
     x, m, v = QX0.clone(), torch.zeros(QD, dtype=F64), torch.full((QD,), p.tau**2, dtype=F64)
     targets = []
     for t in range(ROUNDS):
         fedavg = registry.get("fedavg")(weighting="samples")
-        targets.append(_round(fedavg, fedavg.server_init(x), {}, t, _lr(t))["x"])
+        targets.append(simulate(fedavg, x, QUAD, QSPEC, rounds=1, lr0=_lr(t), sample=_sample,
+                                start_round=t)[0].x)  # one FedAvg round from x
         if t == T_S:
             m, v = torch.zeros_like(m), torch.zeros_like(v)
         goal = torch.stack(targets[-P:]).mean(0) if t >= T_S else targets[-1]
         x, m, v = _server_step(name, p, x, goal - x, m, v)
-        state = _round(algo, state, cs, t, LR0)
-        assert torch.allclose(state["x"], x, rtol=1e-11, atol=1e-12), t
-        assert torch.allclose(state["v"], v, rtol=1e-11, atol=1e-15), t
+        state = _round(inner, state, t, LR0, [wrapper])
+        assert torch.allclose(state.x, x, rtol=1e-11, atol=1e-12), t
+        assert torch.allclose(state.server_opt["v"], v, rtol=1e-11, atol=1e-15), t
 
 
 def test_ima_around_adabest_or_fedeve_would_not_deploy_or_send_the_mean():
     """Why those two are refused: AdaBest deploys x̄ (not the averaged x); FedEve's clients start
     from the averaged x moved by −η_g M."""
-    for name, probe in [("adabest", lambda a, s: a.deployed(s)),
-                        ("fedeve", lambda a, s: a.broadcast(s, ROUNDS)["x"])]:
-        algo = IMA(_inner(name), IMAParams(window=P, start=T_S))
-        state, cs = _init(algo), {}
+    for name, probe in [("adabest", lambda st, s: st.deployed(s)),
+                        ("fedeve", lambda st, s: st.start(s, ROUNDS))]:
+        inner = _inner(name)
+        wrapper = _ima(inner)
+        stack, state = _init(inner, [wrapper])
         for t in range(ROUNDS):
-            state = _round(algo, state, cs, t, LR0)
-        assert (probe(algo, state) - state["x"]).norm() > 1e-3
+            state = _round(inner, state, t, LR0, [wrapper])
+        assert (probe(stack, state) - state.x).norm() > 1e-3
 
 
 # ----- 6. the reset itself ----------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["fedadam", "fedyogi", "fedadagrad"])
 def test_fedopt_starts_at_v_init_and_resets_to_zero(name):
     algo = registry.get(name)()
-    state = algo.server_init(QX0)
-    assert torch.all(state["v"] == algo.p.tau**2) and torch.all(state["m"] == 0)
-    reset = {**state, **algo.server_opt.restart(state["x"])}
+    _, state = _init(algo)
+    assert torch.all(state.server_opt["v"] == algo.p.tau**2)
+    assert torch.all(state.server_opt["m"] == 0)
+    reset = algo.default_server_opt().restart(state.x)
     assert torch.all(reset["v"] == 0) and torch.all(reset["m"] == 0)
-    assert torch.equal(reset["x"], state["x"])
 
 
 # ----- 5. AdaBest at 1 % participation -----------------------------------------------------------
@@ -409,7 +452,8 @@ def test_every_algorithm_runs_privately_or_asynchronously_or_is_refused(name, mo
     """The flags the config check reads (dp_post_processing, asynchronous_ok) decide: an
     accepted combination trains two rounds to finite numbers, a refused one names the key."""
     cls = registry.get(name)
-    accepted = cls.dp_post_processing if mode == "privacy" else cls.asynchronous_ok
+    accepted = cls.traits.dp_post_processing if mode == "privacy" else \
+        cls.traits.asynchronous is None
     model = {"lgfedavg": ["model.name=mlp"],
              "fedbn": ["model.name=examples.bn_model:BNNet", "data.partition=iid"]}
     overrides = [f"algorithm.name={name}", *model.get(name, []), *MODES[mode]]

@@ -17,10 +17,10 @@ from rayfl.algorithms.fedavg import FedAvg
 from rayfl.runtime.context import ClientData
 from rayfl.rng import client_stream
 from rayfl.runtime.harness import quadratic_client, simulate
-from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.transforms import Chain, ClipUpdate, ClipParams, Identity
+from rayfl.transforms import ClipUpdate, ClipParams, Identity
+from tests.core_helpers import local_update
 from tests.conftest import TINY
 
 DT = torch.float64
@@ -52,9 +52,9 @@ def sample(t):
 def test_presets_are_fedavg_plus_a_server_optimizer_bitwise(preset, opt):
     kw = dict(rounds=6, lr0=0.05, sample=sample)
     s_preset, _, _ = simulate(registry.get(preset)(), x0(), clients(), SPEC, **kw)
-    s_fedavg, _, _ = simulate(FedAvg(server_opt=opt), x0(), clients(), SPEC, **kw)
-    assert torch.equal(s_preset["x"], s_fedavg["x"])
-    assert torch.equal(s_preset["m"], s_fedavg["m"])
+    s_fedavg, _, _ = simulate(FedAvg(), x0(), clients(), SPEC, server_opt=opt, **kw)
+    assert torch.equal(s_preset.x, s_fedavg.x)
+    assert torch.equal(s_preset.server_opt["m"], s_fedavg.server_opt["m"])
 
 
 def test_momentum_server_optimizer_matches_torch_sgd():
@@ -64,14 +64,14 @@ def test_momentum_server_optimizer_matches_torch_sgd():
         x = torch.ones(D, dtype=DT)
         ref = torch.nn.Parameter(x.clone())
         torch_opt = torch.optim.SGD([ref], lr=0.5, momentum=0.9, nesterov=nesterov)
-        state = {"x": x, **opt.init(x)}
+        state = opt.init(x)
         for k in range(5):
             d = torch.linspace(-1, 1, D, dtype=DT) * (k + 1)
-            step, new, _ = opt.update(d, state)
-            state = {**state, **new, "x": state["x"] - step}
+            step, state, _ = opt.update(d, state)
+            x = x - step
             ref.grad = d.clone()
             torch_opt.step()
-        assert torch.allclose(state["x"], ref.detach(), rtol=1e-14, atol=1e-14)
+        assert torch.allclose(x, ref.detach(), rtol=1e-14, atol=1e-14)
 
 
 def test_server_opt_config_reaches_any_algorithm_that_takes_one(tmp_path):
@@ -79,8 +79,8 @@ def test_server_opt_config_reaches_any_algorithm_that_takes_one(tmp_path):
                                  "server_opt.lr=0.02"])
     from rayfl.algorithms import build
 
-    algo = build(cfg, 10)
-    assert algo.server_opt.adaptive and "v" in algo.server_init(torch.zeros(3))
+    stack = build(cfg, 10)
+    assert stack.optimizer.adaptive and "v" in stack.init(torch.zeros(3)).server_opt
     for bad in (["algorithm.name=adabest", "server_opt.name=adam"],
                 ["algorithm.name=fedadam", "server_opt.name=momentum"],
                 ["server_opt.name=rmsprop"]):
@@ -92,20 +92,21 @@ def test_server_opt_config_reaches_any_algorithm_that_takes_one(tmp_path):
 def test_clip_transform_clips_each_client_update_before_the_sum():
     spec, lr, s = LocalSpec(steps=20, batch_size=1), 0.05, 0.3
     cs = clients()
-    chain = Chain([Identity(), ClipUpdate(ClipParams(max_norm=s))])
+    chain = [Identity(), ClipUpdate(ClipParams(max_norm=s))]
     state, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr, transforms=chain)
     # by hand: every client's Δ_i, clipped to norm S, weighted by n_i
-    deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, c.n, {"x": x0()}, None),
-                         ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i)).delta for i, c in enumerate(cs)]
+    deltas = [local_update(FedAvg(), ClientTask(i, 0, lr, c.n, {"x": x0()}, None),
+                           ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i))
+              for i, c in enumerate(cs)]
     assert all(float(d.norm()) > s for d in deltas)  # the clip binds for every client
     clipped = [d * min(1.0, s / (float(d.norm()) + 1e-6)) for d in deltas]
     weights = [c.n for c in cs]
     mean = sum(w * d for w, d in zip(weights, clipped)) / sum(weights)
-    assert torch.allclose(state["x"], x0() - mean, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(state.x, x0() - mean, rtol=1e-12, atol=1e-14)
     plain, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr,
-                           transforms=Chain([Identity()]))
+                           transforms=[Identity()])
     unclipped, _, _ = simulate(FedAvg(), x0(), cs, spec, rounds=1, lr0=lr)
-    assert torch.equal(plain["x"], unclipped["x"])
+    assert torch.equal(plain.x, unclipped.x)
 
 
 @pytest.mark.parametrize("entry, key", [

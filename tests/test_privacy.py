@@ -22,10 +22,11 @@ from rayfl.algorithms.fedavg import FedAvg
 from rayfl.runtime.context import ClientData
 from rayfl.rng import client_stream
 from rayfl.runtime.harness import quadratic_client, simulate
-from rayfl.runtime.training import run_client
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.transforms import Chain, ClientContext
+from rayfl.layers import ClientContext, Facts
+from rayfl.algorithms.base import ServerRound
+from tests.core_helpers import local_update
 from rayfl.transforms.dp import GaussianDP, GaussianDPParams, update_noise_multiplier
 from tests.conftest import TINY
 
@@ -38,28 +39,29 @@ def test_every_client_contribution_is_clipped_and_the_mean_has_a_fixed_denominat
     cs = [quadratic_client(torch.rand(D, generator=g, dtype=DT) + 0.5,
                            5 * torch.randn(D, generator=g, dtype=DT)) for _ in range(6)]
     spec, lr, s, k = LocalSpec(steps=20, batch_size=1), 0.05, 0.4, 10
-    chain = Chain([GaussianDP(GaussianDPParams(noise_multiplier=0.0, clip_norm=s,
-                                               expected_clients=k))])
+    chain = [GaussianDP(GaussianDPParams(noise_multiplier=0.0, clip_norm=s,
+                                         expected_clients=k))]
     x0 = torch.zeros(D, dtype=DT)
     state, _, _ = simulate(FedAvg(weighting="uniform"), x0, cs, spec, rounds=1, lr0=lr,
                            transforms=chain)
-    deltas = [run_client(FedAvg(), ClientTask(i, 0, lr, 1.0, {"x": x0}, None),
-                         ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i)).delta for i, c in enumerate(cs)]
+    deltas = [local_update(FedAvg(), ClientTask(i, 0, lr, 1.0, {"x": x0}, None),
+                           ClientData(c.n, c.grad_fn), spec, client_stream(0, 0, i))
+              for i, c in enumerate(cs)]
     assert all(float(d.norm()) > s for d in deltas)
     clipped = [d * (s / float(d.norm())) for d in deltas]
     assert all(float(c.norm()) <= s * (1 + 1e-12) for c in clipped)
     # 6 clients took part but the denominator is the expected K = 10
-    assert torch.allclose(state["x"], x0 - sum(clipped) / k, rtol=1e-12, atol=1e-15)
+    assert torch.allclose(state.x, x0 - sum(clipped) / k, rtol=1e-12, atol=1e-15)
 
 
 def test_noise_has_standard_deviation_z_times_s_and_is_fixed_by_seed_and_round():
     z, s = 1.3, 0.5
     mech = GaussianDP(GaussianDPParams(noise_multiplier=z, clip_norm=s, expected_clients=4),
-                      seed=7)
-    noise = mech.noise(3, 400_000)
+                      Facts(seed=7))
+    noise = mech.noise(3, 400_000, s)
     assert abs(noise.std() / (z * s) - 1) < 0.005 and abs(noise.mean()) < 0.005
-    assert np.array_equal(noise, mech.noise(3, 400_000))
-    assert not np.array_equal(noise[:10], mech.noise(4, 10))
+    assert np.array_equal(noise, mech.noise(3, 400_000, s))
+    assert not np.array_equal(noise[:10], mech.noise(4, 10, s))
 
 
 def _log_a_by_quadrature(q: float, z: float, a: float) -> float:
@@ -125,8 +127,8 @@ def test_auto_weighting_under_privacy_is_uniform(name):
     plain = config_mod.load(TINY, [f"algorithm.name={name}"])
     dp = config_mod.load(TINY, [f"algorithm.name={name}", "privacy.noise_multiplier=1.0"])
     assert dp.aggregation.weighting == plain.aggregation.weighting == "auto"
-    assert build(plain, 20).weighting == ("uniform" if name == "adabest" else "samples")
-    assert build(dp, 20).weighting == "uniform"
+    assert build(plain, 20).algorithm.weighting == ("uniform" if name == "adabest" else "samples")
+    assert build(dp, 20).algorithm.weighting == "uniform"
 
 
 def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_local, tiny,
@@ -152,30 +154,34 @@ def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_loca
 
 def _adaptive(gamma: float, clip: float = 1.0, k: int = 100, seed: int = 0) -> GaussianDP:
     return GaussianDP(GaussianDPParams(noise_multiplier=1.0, clip_norm=clip, expected_clients=k,
-                                       target_quantile=gamma, clip_lr=0.2), seed)
+                                       target_quantile=gamma, clip_lr=0.2), Facts(seed=seed))
 
 
-def _adaptive_round(mech: GaussianDP, norms: np.ndarray, t: int, dim: int = 3) -> None:
-    """One round of known update norms through the mechanism's client and server sides."""
-    bc = mech.broadcast(t)
+def _adaptive_round(mech: GaussianDP, slot, norms: np.ndarray, t: int, dim: int = 3):
+    """One round of known update norms through the mechanism's client and server halves;
+    returns its new server slot."""
+    bc = mech.broadcast(slot, t)
     total, payload = torch.zeros(dim, dtype=DT), 0.0
     for i, r in enumerate(norms):
-        ctx = ClientContext(broadcast=bc)
+        ctx = ClientContext(t, i, broadcast=bc)
         total += mech.client_apply(torch.full((dim,), r / math.sqrt(dim), dtype=DT), t, i, ctx)
         payload += ctx.payload["unclipped"]
-    mech.aggregate(Aggregate(len(norms), len(norms), len(norms), float(len(norms)),
-                             total / len(norms), total, 0.0, {"unclipped": payload}), t)
+    agg = Aggregate(len(norms), len(norms), len(norms), float(len(norms)), total / len(norms),
+                    total, 0.0, {})
+    srv = ServerRound(t, torch.zeros(dim, dtype=DT), len(norms), None, None)
+    return mech.aggregate(slot, agg, {"unclipped": payload}, srv)[1]
 
 
 @pytest.mark.parametrize("gamma", [0.5, 0.9])
 def test_adaptive_clip_norm_converges_to_the_target_quantile_of_known_norms(gamma):
     norms = np.linspace(1.0, 100.0, 100)  # the γ quantile of these is known exactly
     mech = _adaptive(gamma)
-    assert mech.broadcast(0)["clip_norm"].item() == 1.0
+    slot = mech.init(None)
+    assert mech.broadcast(slot, 0)["clip_norm"].item() == 1.0
     trace = []
     for t in range(400):
-        _adaptive_round(mech, norms, t)
-        trace.append(mech.clip)
+        slot = _adaptive_round(mech, slot, norms, t)
+        trace.append(slot.value)
     late = np.array(trace[-100:])
     assert abs(np.median(late) / np.quantile(norms, gamma) - 1) < 0.1
     assert abs(np.mean(norms[None, :] <= late[:, None]) - gamma) < 0.05
@@ -191,8 +197,8 @@ def test_adaptive_clipping_costs_exactly_the_stated_noise_multiplier():
                                       dpa.GaussianDpEvent(2 * sigma_b)]))
     one.compose(dpa.GaussianDpEvent(z))
     assert both.get_epsilon(1e-5) == pytest.approx(one.get_epsilon(1e-5), rel=1e-9)
-    mech = GaussianDP(GaussianDPParams(z, 0.5, 10, 0.5, 0.2, sigma_b), seed=1)
-    noise = mech.noise(2, 400_000)
+    mech = GaussianDP(GaussianDPParams(z, 0.5, 10, 0.5, 0.2, sigma_b), Facts(seed=1))
+    noise = mech.noise(2, 400_000, 0.5)
     assert abs(noise.std() / (z_delta * 0.5) - 1) < 0.005
 
 
@@ -223,4 +229,4 @@ def test_resume_with_adaptive_clipping_and_error_feedback_gives_the_same_bytes_a
     assert resumed.summary["epsilon"] == full.summary["epsilon"]
     # fedavg keeps no client state of its own: the stored state is the top-k residual
     files = glob.glob(os.path.join(run_dir, "state", "*", "*.npz"))
-    assert files and all(set(np.load(f).files) == {"_transform0_residual"} for f in files)
+    assert files and all(set(np.load(f).files) == {"layers.0.residual"} for f in files)

@@ -14,12 +14,12 @@ from torch import nn
 from examples.bn_model import BNNet
 from rayfl.algorithms.ditto import Ditto, DittoParams
 from rayfl import run
+from rayfl.contract import ComponentError
 from rayfl.algorithms.base import Algorithm, ClientResult
 from rayfl.config import load
 from rayfl.data import prepare
 from rayfl.models import build_model
 from rayfl.models.flat import FlatModel
-from rayfl.runtime.context import BUFFERS
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from tests.conftest import TINY
@@ -34,7 +34,7 @@ class ProcedureSGD(Algorithm):
         y, opt = ctx.x.clone(), ctx.optimizer()
         for batch in ctx.batches():
             opt.step(y, ctx.loss_grad(y, batch)[1])
-        return y, ClientResult({}, None)
+        return ClientResult(y)
 
 
 def _sha(result) -> str:
@@ -144,11 +144,11 @@ def test_ditto_personal_model_follows_its_update_in_closed_form(lam):
     v = w.clone()
     for _ in range(k):
         v = v - lr * (a * v - b + lam * (v - w))
-    assert torch.allclose(states[0]["v"], v, atol=1e-6)
+    assert torch.allclose(states[0].algorithm["v"], v, atol=1e-6)
     y = w.clone()
     for _ in range(k):
         y = y - lr * (a * y - b)
-    assert torch.allclose(state["x"], y, atol=1e-6)  # one client: the global step is its SGD
+    assert torch.allclose(state.x, y, atol=1e-6)  # one client: the global step is its SGD
 
 
 def test_fedbn_keeps_normalisation_local_on_any_actor_count(ray_local, tiny):
@@ -180,11 +180,12 @@ def test_fedbn_client_state_holds_its_norm_layers_and_statistics():
     task = ClientTask(0, 0, 0.1, 1.0, {"x": model.w.clone()}, None)
     ctx = LocalContext(task, data, LocalSpec(steps=3, batch_size=4), np.random.default_rng(0),
                        None)
-    y, result = FedBN().client_train(task, ctx)
+    result = FedBN().client_train(task, ctx)
+    y = result.model
     norm = model.layout.mask("norm")
     assert result.state["personal"].shape == (int(norm.sum()),)
     assert torch.equal(y[norm], task.bc["x"][norm]) and ctx.steps == 3
-    assert BUFFERS not in result.state  # the runtime keeps the statistics (local_buffers)
+    assert set(result.state) == {"personal"}  # the runtime keeps the statistics (local_buffers)
 
 
 def test_parameter_groups_name_parts_of_the_model():
@@ -202,9 +203,9 @@ def test_a_gradient_function_client_says_what_a_procedure_cannot_read():
         def client_train(self, task, ctx):
             for batch in ctx.batches():
                 ctx.outputs(ctx.x, batch, ("repr",))
-            return ctx.x, ClientResult({}, None)
+            return ClientResult(ctx.x)
 
-    with pytest.raises(TypeError, match="gradient function"):
+    with pytest.raises(ComponentError, match="gradient function"):
         simulate(Features(), torch.zeros(2), [quadratic_client(torch.ones(2), torch.ones(2))],
                  LocalSpec(steps=1), rounds=1, lr0=0.1)
 
@@ -238,9 +239,9 @@ def test_proxskip_is_exact_under_partial_participation():
             sent.append(y - lr * k * h[i])
         x = torch.stack(sent).mean(0)
         pending.update({i: x for i in ids})
-    assert torch.allclose(state["x"], x, atol=1e-5)
+    assert torch.allclose(state.x, x, atol=1e-5)
     for i in range(4):
-        assert torch.allclose(states[i]["h"], h[i], atol=1e-5)  # the stored (unsettled) h_i
+        assert torch.allclose(states[i].algorithm["h"], h[i], atol=1e-5)  # the stored (unsettled) h_i
     assert any(float(hi.norm()) > 0.1 for hi in h)  # the variates did move
 
 
@@ -275,7 +276,8 @@ def test_a_settling_algorithm_is_refused_in_the_event_driven_modes(tiny, tmp_pat
 class AsyncProxSkip(__import__("examples.proxskip").proxskip.ProxSkip):
     """ProxSkip claiming asynchronous math: still refused, its settle reads a round."""
 
-    asynchronous_ok = True
+    traits = __import__("dataclasses").replace(
+        __import__("examples.proxskip").proxskip.ProxSkip.traits, asynchronous=None)
 
 
 def test_fedsam_without_perturbation_is_fedavg_and_with_it_is_not(tiny):
@@ -330,7 +332,7 @@ class FeaturesBetween(Algorithm):
             _, other, _ = ctx.features(ctx.x, batch, ("repr",))
             loss = ctx.loss(logits, labels) + 0.0 * other["repr"].sum()
             opt.step(y, ctx.backward(loss))
-        return y, ClientResult({}, None)
+        return ClientResult(y)
 
 
 def test_features_of_another_model_between_outputs_and_backward_on_a_batchnorm_model(tiny):

@@ -15,7 +15,9 @@ from rayfl.algorithms.scaffold import Scaffold
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.transforms import RESERVED, Chain, transforms_from_config
+from rayfl.algorithms import build
+from rayfl.layers import Facts, Stack
+from rayfl.algorithms.server_opt import sgd
 from rayfl.transforms.compress import QSGD, QSGDParams, RandK, SparseParams, TopK
 from rayfl.transforms.secagg import SecAgg, SecAggParams
 from tests.conftest import TINY
@@ -34,7 +36,7 @@ def test_secagg_decode_error_is_within_the_fixed_point_bound(bits, randomized):
     g = torch.Generator().manual_seed(bits)
     m, s = 10, 1.0
     agg = SecAgg(SecAggParams(bits=bits, clip_norm=s, max_clients=m,
-                              randomized_rounding=randomized), seed=3)
+                              randomized_rounding=randomized), Facts(seed=3))
     deltas = [torch.randn(200, generator=g, dtype=DT) for _ in range(m)]
     clipped = [d * min(1.0, s / float(d.norm())) for d in deltas]
     err = (_secagg_sum(agg, deltas) - sum(clipped)).abs().max().item()
@@ -45,7 +47,7 @@ def test_secagg_decode_error_is_within_the_fixed_point_bound(bits, randomized):
 
 
 def test_secagg_is_exact_for_integer_inputs_and_wraps_modulo_2_to_the_b():
-    agg = SecAgg(SecAggParams(bits=16, clip_norm=10.0, max_clients=4), seed=0)
+    agg = SecAgg(SecAggParams(bits=16, clip_norm=10.0, max_clients=4), Facts(seed=0))
     assert agg.frac_bits == 9  # 32767 / 40 = 819.2 → 2^9
     ints = [torch.tensor(v, dtype=DT) for v in
             ([3, -4, 0, 5], [-7, 1, 2, 0], [0, 0, -9, 1], [6, 6, 1, -2])]
@@ -65,16 +67,16 @@ def test_secagg_needs_uniform_weights_and_counts_b_bits_a_coordinate():
     assert e.value.key == "aggregation.weighting"
     cfg = config_mod.load(TINY, ["aggregation.transforms=[{name: secagg, bits: 12}]",
                                  "aggregation.weighting=uniform"])
-    chain = transforms_from_config(cfg)
-    assert chain.steps[0].p.max_clients == cfg.clients_per_round
-    assert chain.upload_bytes(1000) == 1500
+    stack = build(cfg, 20)
+    assert stack.transforms[0].p.max_clients == cfg.clients_per_round
+    assert stack.upload_bytes(1000) == 1500
 
 
 def test_qsgd_is_unbiased_and_takes_its_levels():
     v = torch.tensor([0.9, -0.05, 0.3, 0.0, -1.7, 0.01], dtype=DT)
     norm = float(v.norm())
     for bits in (2, 4):
-        q = QSGD(QSGDParams(bits=bits), seed=11)
+        q = QSGD(QSGDParams(bits=bits), Facts(seed=11))
         s = 2 ** (bits - 1) - 1
         draws = torch.stack([q.compress(v, t, 5) for t in range(20_000)])
         levels = draws * s / norm
@@ -103,14 +105,15 @@ def test_topk_with_error_feedback_reaches_the_optimum_and_without_it_does_not():
     x0 = torch.zeros(5, dtype=DT)
     dist = {}
     for ef in (False, True):
-        chain = Chain([TopK(SparseParams(fraction=0.2, error_feedback=ef))])  # k = 1 of 5
+        chain = [TopK(SparseParams(fraction=0.2, error_feedback=ef))]  # k = 1 of 5
         state, hist, latest = simulate(FedAvg(weighting="uniform"), x0, clients, spec,
                                        rounds=2000, lr0=0.2, lr_decay=0.997, transforms=chain)
-        dist[ef] = float((state["x"] - optimum).norm())
+        dist[ef] = float((state.x - optimum).norm())
         # FedAvg keeps no client state: with error feedback the residual is the only state
         assert bool(latest) == ef
         if ef:
-            assert all(set(s) == {f"{RESERVED}0_residual"} for s in latest.values())
+            assert all(s.algorithm is None and set(s.layers[0]) == {"residual"}
+                       for s in latest.values())
         assert hist[-1]["upload_bytes"] == 4 * 1 * (8 + 4)  # 4 clients × one (value, index)
     # top-1 alone settles where Σ top1(∇f_i) = 0, not at the optimum; with error feedback the
     # residuals deliver every dropped coordinate later, so x → x* as the step decays
@@ -119,11 +122,12 @@ def test_topk_with_error_feedback_reaches_the_optimum_and_without_it_does_not():
 
 def test_error_feedback_state_sits_next_to_the_algorithms_own_state():
     clients, _ = _quadratic_population()
-    chain = Chain([RandK(SparseParams(fraction=0.4, error_feedback=True), seed=2)])
+    chain = [RandK(SparseParams(fraction=0.4, error_feedback=True), Facts(seed=2))]
     _, _, latest = simulate(Scaffold(), torch.zeros(5, dtype=DT), clients,
                             LocalSpec(steps=3, batch_size=1), rounds=3, lr0=0.1,
                             transforms=chain)
-    assert all(set(s) == {"c", f"{RESERVED}0_residual"} for s in latest.values())
+    assert all(set(s.algorithm) == {"c"} and set(s.layers[0]) == {"residual"}
+               for s in latest.values())
 
 
 def test_chain_composes_upload_bytes():
@@ -131,11 +135,14 @@ def test_chain_composes_upload_bytes():
     q4 = QSGD(QSGDParams(bits=4))
     top = TopK(SparseParams(fraction=0.01))
     rand = RandK(SparseParams(fraction=0.01))
-    assert Chain([]).upload_bytes(d) == 4 * d
-    assert Chain([q4]).upload_bytes(d) == 4 + d * 4 / 8
-    assert Chain([top]).upload_bytes(d) == 100 * (4 + 4)
-    assert Chain([rand]).upload_bytes(d) == 100 * 4  # indices follow from the shared seed
-    assert Chain([q4, top]).upload_bytes(d) == pytest.approx(100 * ((4 + d / 2) / d + 4))
+    def chain(*steps):
+        return Stack(FedAvg(), sgd(1.0), transforms=list(steps))
+
+    assert chain().upload_bytes(d) == 4 * d
+    assert chain(q4).upload_bytes(d) == 4 + d * 4 / 8
+    assert chain(top).upload_bytes(d) == 100 * (4 + 4)
+    assert chain(rand).upload_bytes(d) == 100 * 4  # indices follow from the shared seed
+    assert chain(q4, top).upload_bytes(d) == pytest.approx(100 * ((4 + d / 2) / d + 4))
 
 
 def test_compression_section_shortens_the_virtual_upload_and_reports_bytes(tiny):

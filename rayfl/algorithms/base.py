@@ -222,6 +222,8 @@ class ServerRound:
         self.t, self.x, self.num_clients = t, x, num_clients
         self.optimizer, self.opt_state = optimizer, opt_state
         self.metrics: dict[str, float] = {}
+        #: in a layer's ``after``: the model deployed by everything under it after the update
+        self.deployed: Vec | None = None
 
     @property
     def adaptive(self) -> bool:
