@@ -75,8 +75,8 @@ class ClientContext:
     training loss, weight and samples, its own broadcast values, its own persistent client slot
     (read it; set entries to keep them) and a payload summed over the round into its own sums."""
 
-    t: int
-    client: int
+    t: int = 0
+    client: int = 0
     loss: float = float("nan")
     weight: float = 1.0
     samples: int = 0

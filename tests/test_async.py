@@ -20,6 +20,7 @@ from rayfl.runtime.async_loop import AsyncLoop, Dispatcher
 from rayfl.runtime.harness import FunctionExecutor, quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.runtime.loop import RoundLoop
+from rayfl.layers import Stack
 from rayfl.schema import ConfigError
 from tests.conftest import TINY
 
@@ -55,11 +56,18 @@ def sampler(sizes, per_round: int, seconds=None, seed: int = 0) -> Sampler:
     return s
 
 
-def async_loop(algo, clients, smp, mode: str, concurrency: int, buffer: int, **kw) -> AsyncLoop:
+def async_loop(algo, clients, smp, mode: str, concurrency: int, buffer: int, transforms=(),
+               **kw) -> AsyncLoop:
     spec = LocalSpec(steps=K, batch_size=1)
     settings = Settings(mode, concurrency, buffer, **kw)
-    rounds = RoundLoop(algo, FunctionExecutor(algo, clients, spec), [c.n for c in clients], 1)
+    stack = Stack(algo, algo.default_server_opt(), transforms=list(transforms))
+    rounds = RoundLoop(stack, FunctionExecutor(stack, clients, spec), [c.n for c in clients], 1)
     return AsyncLoop(rounds, settings, Dispatcher(smp, 0, 0.0), ETA, 1.0)
+
+
+def start(loop: AsyncLoop, x0):
+    """The server state an event loop starts from."""
+    return loop.rounds.stack.init(x0)
 
 
 def local_gd(a, b, x):
@@ -92,23 +100,23 @@ def test_fedbuff_with_equal_speeds_is_synchronous_fedavg_bytes(name):
     algo = make(name, n)
     loop = async_loop(algo, clients, sampler([c.n for c in clients], per_round), "fedbuff",
                       per_round, per_round, staleness="polynomial")
-    state = algo.server_init(x0)
+    state = start(loop, x0)
     for t in range(rounds):
         out = loop.step(state, t)
         state, metrics = out.state, out.metrics
         assert metrics["staleness_max"] == 0 and out.agg.count == per_round
-    assert torch.equal(state["x"], sync_state["x"])
+    assert torch.equal(state.x, sync_state.x)
     if name == "fedavgm":
-        assert torch.equal(state["m"], sync_state["m"])
+        assert torch.equal(state.server_opt["m"], sync_state.server_opt["m"])
     # unequal devices make stale updates, and the bytes part ways
     algo = make(name, n)
     loop = async_loop(algo, clients, sampler([c.n for c in clients], per_round,
                                              seconds=np.linspace(1.0, 3.0, n)),
                       "fedbuff", per_round, per_round)
-    state = algo.server_init(x0)
+    state = start(loop, x0)
     for t in range(rounds):
         state = loop.step(state, t).state
-    assert not torch.allclose(state["x"], sync_state["x"])
+    assert not torch.allclose(state.x, sync_state.x)
 
 
 def test_fedbuff_staleness_discounts_by_hand():
@@ -121,29 +129,29 @@ def test_fedbuff_staleness_discounts_by_hand():
     loop = async_loop(algo, clients, sampler(sizes, 3, seconds=[1.0, 1.2, 2.5]), "fedbuff", 3, 2,
                       staleness="polynomial", a=0.5)
     x0 = torch.zeros(D, dtype=F64)
-    state = algo.server_init(x0)
+    state = start(loop, x0)
     out = loop.step(state, 0)
     state, m1 = out.state, out.metrics
     d0, d1 = x0 - local_gd(a[0], b[0], x0), x0 - local_gd(a[1], b[1], x0)
     x1 = x0 - (1 * d0 + 2 * d1) / 3
-    assert torch.allclose(state["x"], x1, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(state.x, x1, rtol=1e-12, atol=1e-12)
     assert m1["virtual_time_s"] == pytest.approx(1.2) and m1["staleness_hist"] == [2]
     out = loop.step(state, 1)
     state, m2 = out.state, out.metrics
     d0_stale = x0 - local_gd(a[0], b[0], x0)  # its second run also started from x_0
     d1_fresh = x1 - local_gd(a[1], b[1], x1)
     x2 = x1 - (1 * d0_stale / math.sqrt(2) + 2 * d1_fresh) / 3  # s(1) = 2^−1/2, Σp unscaled
-    assert torch.allclose(state["x"], x2, rtol=1e-12, atol=1e-12)
+    assert torch.allclose(state.x, x2, rtol=1e-12, atol=1e-12)
     assert m2["staleness_hist"] == [1, 1] and m2["staleness_max"] == 1
     assert m2["virtual_time_s"] == pytest.approx(2.4) and m2["in_flight"] == 2
 
 
 def three_updates(algo, loop, x0) -> list:
     """The global model after each of the event loop's first three server updates from x0."""
-    state, xs = algo.server_init(x0), []
+    state, xs = start(loop, x0), []
     for t in range(3):
         state = loop.step(state, t).state
-        xs.append(state["x"])
+        xs.append(state.x)
     return xs
 
 
@@ -171,7 +179,7 @@ def test_max_staleness_discards(tmp_path):
     algo = make("fedavg", 3)
     loop = async_loop(algo, clients, sampler([1, 1, 1], 3, seconds=[1.0, 1.1, 5.0]), "fedbuff",
                       3, 1, max_staleness=2)
-    state = algo.server_init(torch.zeros(D, dtype=F64))
+    state = start(loop, torch.zeros(D, dtype=F64))
     rows = []
     for t in range(12):  # client 0 runs 1 s, client 1 1.1 s: 8 updates before client 2 at 5 s
         out = loop.step(state, t)
@@ -194,18 +202,14 @@ def test_fedbuff_error_feedback_carries_each_clients_residual(feedback):
     """Top-2 of 4 coordinates, run times 1 and 1.5, buffer 1: client 0's second run (sent x_1,
     trained in the second wave) uploads C(Δ + e_0) with e_0 what its first upload dropped, read
     back from the state version its first wave wrote."""
-    from rayfl.transforms import Chain
     from rayfl.transforms.compress import SparseParams, TopK
 
     a, b = problem(2)
     clients = [quadratic_client(a[i], b[i]) for i in range(2)]
     algo = make("fedavg", 2)
-    chain = Chain([TopK(SparseParams(fraction=0.5, error_feedback=feedback))])
-    spec = LocalSpec(steps=K, batch_size=1)
-    rounds = RoundLoop(algo, FunctionExecutor(algo, clients, spec, transforms=chain), [1, 1], 1,
-                       chain)
-    loop = AsyncLoop(rounds, Settings("fedbuff", 2, 1, staleness="constant"),
-                     Dispatcher(sampler([1, 1], 2, seconds=[1.0, 1.5]), 0, 0.0), ETA, 1.0)
+    chain = [TopK(SparseParams(fraction=0.5, error_feedback=feedback))]
+    loop = async_loop(algo, clients, sampler([1, 1], 2, seconds=[1.0, 1.5]), "fedbuff", 2, 1,
+                      transforms=chain, staleness="constant")
     x0 = torch.zeros(D, dtype=F64)
     xs = three_updates(algo, loop, x0)
     d0 = x0 - local_gd(a[0], b[0], x0)  # client 0 at 1.0 from x_0
@@ -217,10 +221,10 @@ def test_fedbuff_error_feedback_carries_each_clients_residual(feedback):
         assert torch.allclose(got, want, rtol=1e-12, atol=1e-12)
     if feedback:  # versions are waves: client 0 wrote in waves 0 and 1, client 1 (sent again
         # at 1.5, trained before x_3 is applied) in waves 0 and 2
-        assert rounds.versions.tolist() == [1, 2]
-        assert rounds.superseded == [(0, 0), (1, 0)]
+        assert loop.rounds.versions.tolist() == [1, 2]
+        assert loop.rounds.superseded == [(0, 0), (1, 0)]
     else:
-        assert rounds.versions.tolist() == [-1, -1]
+        assert loop.rounds.versions.tolist() == [-1, -1]
 
 
 # ----- the whole run: synthetic tiny config ----------------------------------------------------

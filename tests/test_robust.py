@@ -11,6 +11,8 @@ from rayfl import config as config_mod
 from rayfl import run
 from rayfl.algorithms.base import Aggregate
 from rayfl.schema import ConfigError
+from rayfl.algorithms.base import ServerRound
+from rayfl.layers import Facts
 from rayfl.transforms import ClientContext
 from rayfl.transforms.robust import (Attack, AttackParams, Krum, KrumParams, Median,
                                      TrimmedMean, TrimmedMeanParams)
@@ -25,19 +27,29 @@ def _agg(updates: torch.Tensor) -> Aggregate:
                      float((updates * updates).sum()), {}, updates=updates)
 
 
+def _mean(rule, updates: torch.Tensor) -> torch.Tensor:
+    """The rule's server half on a round of ``updates``: the mean the algorithm sees."""
+    return _server(rule, updates)[0].delta_mean
+
+
+def _server(rule, updates: torch.Tensor):
+    srv = ServerRound(0, updates[0], 20, None, None)
+    return rule.aggregate(rule.init(None), _agg(updates), {}, srv)
+
+
 @pytest.mark.parametrize("m", [7, 8])
 def test_median_is_numpys(m):
     u = torch.randn(m, 300, generator=torch.Generator().manual_seed(m), dtype=torch.float64)
-    got = Median().aggregate(_agg(u), 0).delta_mean
+    got = _mean(Median(), u)
     assert torch.allclose(got, torch.from_numpy(np.median(u.numpy(), axis=0)), atol=1e-15)
 
 
 def test_trimmed_mean_drops_each_end_and_is_the_mean_without_trimming():
     u = torch.randn(10, 50, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    got = TrimmedMean(TrimmedMeanParams(beta=0.2)).aggregate(_agg(u), 0).delta_mean
+    got = _mean(TrimmedMean(TrimmedMeanParams(beta=0.2)), u)
     kept = np.sort(u.numpy(), axis=0)[2:8]  # ⌊0.2·10⌋ = 2 at each end
     assert torch.allclose(got, torch.from_numpy(kept.mean(0)), atol=1e-15)
-    plain = TrimmedMean(TrimmedMeanParams(beta=0.0)).aggregate(_agg(u), 0).delta_mean
+    plain = _mean(TrimmedMean(TrimmedMeanParams(beta=0.0)), u)
     assert torch.allclose(plain, u.mean(0), atol=1e-15)
 
 
@@ -48,32 +60,34 @@ def test_krum_picks_an_honest_update_and_multikrum_averages_the_honest_ones():
     honest = c + 0.01 * torch.randn(7, 20, generator=g, dtype=torch.float64)
     u = torch.cat([honest[:3], 50 + torch.randn(2, 20, generator=g, dtype=torch.float64),
                    honest[3:]])
-    one = Krum(KrumParams(byzantine=2)).aggregate(_agg(u), 0).delta_mean
+    one = _mean(Krum(KrumParams(byzantine=2)), u)
     assert any(torch.equal(one, h) for h in honest)
-    multi = Krum(KrumParams(byzantine=2, select=7)).aggregate(_agg(u), 0).delta_mean
+    multi = _mean(Krum(KrumParams(byzantine=2, select=7)), u)
     assert torch.allclose(multi, honest.mean(0), atol=1e-14)
 
 
 def test_krum_with_too_few_updates_is_the_mean_and_says_so():
     u = torch.randn(4, 5, dtype=torch.float64)
     krum = Krum(KrumParams(byzantine=1))
-    assert torch.allclose(krum.aggregate(_agg(u), 0).delta_mean, u.mean(0))
-    assert krum.metrics() == {"krum_fallbacks": 1.0}
+    agg, slot, metrics = _server(krum, u)
+    assert torch.allclose(agg.delta_mean, u.mean(0))
+    assert metrics == {"krum_fallbacks": 1.0} and slot == 1
 
 
 def test_attackers_are_a_seeded_set_and_each_kind_corrupts_as_stated():
-    attack = Attack(AttackParams(fraction=0.3), seed=5)
+    attack = Attack(AttackParams(fraction=0.3), Facts(seed=5))
     who = [c for c in range(2000) if attack.is_attacker(c)]
     assert abs(len(who) / 2000 - 0.3) < 0.03
-    assert who == [c for c in range(2000) if Attack(AttackParams(fraction=0.3), 5).is_attacker(c)]
+    same = Attack(AttackParams(fraction=0.3), Facts(seed=5))
+    assert who == [c for c in range(2000) if same.is_attacker(c)]
     delta, bad, good = torch.randn(10), who[0], next(c for c in range(2000) if c not in who)
     ctx = ClientContext()
     assert torch.equal(attack.client_apply(delta, 0, bad, ctx), -delta)
     assert ctx.payload == {"attackers": 1.0}
     assert torch.equal(attack.client_apply(delta, 0, good, ClientContext()), delta)
-    scale = Attack(AttackParams(kind="scale", fraction=0.3, scale=-4.0), seed=5)
+    scale = Attack(AttackParams(kind="scale", fraction=0.3, scale=-4.0), Facts(seed=5))
     assert torch.equal(scale.client_apply(delta, 0, bad, ClientContext()), -4.0 * delta)
-    noise = Attack(AttackParams(kind="gaussian", fraction=0.3, sigma=2.0), seed=5)
+    noise = Attack(AttackParams(kind="gaussian", fraction=0.3, sigma=2.0), Facts(seed=5))
     a, b = (noise.client_apply(delta, t, bad, ClientContext()) for t in (0, 1))
     assert not torch.equal(a, b) and 1.5 < float(a.std()) < 2.5
 
