@@ -14,8 +14,9 @@ register_dataset = registrar("dataset")
 register_availability = registrar("availability")
 register_selector = registrar("selector")
 register_wrapper = registrar("wrapper")
+register_server_opt = registrar("server_opt")
 
 __all__ = ["ComponentError", "Config", "ConfigError", "RunResult", "load_config", "resume", "run",
            "register_algorithm", "register_model", "register_dataset", "register_availability",
-           "register_selector", "register_wrapper"]
+           "register_selector", "register_wrapper", "register_server_opt"]
 __version__ = "0.1.0"

@@ -1,8 +1,8 @@
 """Components by name: built-ins, ``package.module:Name`` references and objects registered in Python.
 
-Six kinds of component are named in a config: ``algorithm.name``, ``model.name``,
-``data.dataset``, ``availability.model``, ``selection.name`` and each ``wrappers`` entry's
-``name``. Each accepts a built-in name (the tables below:
+Seven kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name`` and each
+``wrappers`` entry's ``name``. Each accepts a built-in name (the tables below:
 adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
@@ -31,7 +31,7 @@ from rayfl.suggest import no_such_key
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
         "availability": "availability.model", "selector": "selection.name",
-        "wrapper": "wrappers[].name"}
+        "wrapper": "wrappers[].name", "server_opt": "server_opt.name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -108,6 +108,13 @@ BUILTINS: dict[str, dict[str, str]] = {
     },
     "wrapper": {
         "ima": "rayfl.algorithms.ima:IMA",
+    },
+    "server_opt": {
+        "sgd": "rayfl.algorithms.server_opt:sgd_of",
+        "momentum": "rayfl.algorithms.server_opt:momentum_of",
+        "adam": "rayfl.algorithms.server_opt:adam_of",
+        "yogi": "rayfl.algorithms.server_opt:yogi_of",
+        "adagrad": "rayfl.algorithms.server_opt:adagrad_of",
     },
 }
 

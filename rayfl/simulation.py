@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
 from rayfl.algorithms.checks import check_model
-from rayfl import compat
+from rayfl import algorithms, compat
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
@@ -187,6 +187,7 @@ def _prepare(cfg: Config):
     check_regime(cfg.data, handle)
     check_single_rows(model, handle, cfg.local.batch_size)
     check_files(cfg.availability, handle.num_clients)
+    algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
     return handle
 
 

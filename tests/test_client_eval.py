@@ -202,14 +202,14 @@ FEDPER = ["algorithm.name=fedper", "model.name=mlp", "clients_per_round=10"]
 
 
 def _ditto_model(state, params):
-    return state["v"]
+    return state["algorithm.v"]  # the algorithm's entry v of the stored state tree
 
 
 def _fedper_model(state, params):
     """The global body with the client's own head (mlp: the last Linear(100, 4), the flat
     vector's tail)."""
     own = params.copy()
-    own[-(100 * 4 + 4):] = state["personal"]
+    own[-(100 * 4 + 4):] = state["algorithm.personal"]
     return own
 
 

@@ -52,7 +52,8 @@ def _client_round(algorithm, steps: int, state=None, x=None, spec_extra=None, bc
     task = ClientTask(0, 0, LR, 1.0, {"x": x, **(bc_extra or {})}, state)
     spec = LocalSpec(steps=steps, batch_size=N, **(spec_extra or {}))
     ctx = LocalContext(task, data, spec, np.random.default_rng(0), None)
-    y, result = algorithm.client_train(task, ctx)
+    result = algorithm.client_train(task, ctx)
+    y = result.model
     return x0, y, result, ctx  # the model's own vector is the last point evaluated
 
 
@@ -227,34 +228,36 @@ def test_fedproto_server_averages_prototypes_by_class_counts_and_keeps_absent_cl
     from rayfl.algorithms.base import Aggregate
     from rayfl.algorithms.fedproto import FedProto
 
+    from tests.core_helpers import init, update
+
     algorithm = FedProto()
-    state = algorithm.server_init(torch.zeros(4))
+    state = init(algorithm, torch.zeros(4))
     a, b = torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([[3.0, 3.0], [0.0, 0.0]])
     sums, counts = 2 * a + 1 * b, torch.tensor([3.0, 0.0])  # client a: 2 rows, b: 1 row
     agg = Aggregate(2, 2.0, 3, 3.0, torch.zeros(4), torch.zeros(4), 0.0,
                     {"proto_sum": sums, "proto_count": counts})
-    state, metrics = algorithm.server_update(state, agg, 0)
-    assert torch.allclose(state["protos"][0], (2 * a[0] + b[0]) / 3)
-    assert state["known"].tolist() == [1.0, 0.0] and metrics == {"prototypes": 1.0}
+    state, metrics = update(algorithm, state, agg, 0)
+    assert torch.allclose(state.algorithm.protos[0], (2 * a[0] + b[0]) / 3)
+    assert state.algorithm.known.tolist() == [1.0, 0.0] and metrics == {"prototypes": 1.0}
     later = Aggregate(1, 1.0, 1, 1.0, torch.zeros(4), torch.zeros(4), 0.0,
                       {"proto_sum": torch.tensor([[0.0, 0.0], [4.0, 8.0]]),
                        "proto_count": torch.tensor([0.0, 2.0])})
-    state, _ = algorithm.server_update(state, later, 1)
-    assert torch.allclose(state["protos"][0], (2 * a[0] + b[0]) / 3)  # kept: absent this round
-    assert state["protos"][1].tolist() == [2.0, 4.0] and state["known"].tolist() == [1.0, 1.0]
-    assert torch.equal(state["x"], torch.zeros(4))
+    state, _ = update(algorithm, state, later, 1)
+    protos = state.algorithm.protos
+    assert torch.allclose(protos[0], (2 * a[0] + b[0]) / 3)  # kept: absent this round
+    assert protos[1].tolist() == [2.0, 4.0] and state.algorithm.known.tolist() == [1.0, 1.0]
+    assert torch.equal(state.x, torch.zeros(4))
 
 
 def test_personal_models_put_the_clients_part_into_the_global_model():
     from examples.bn_model import BNNet
-    from rayfl.algorithms.base import BUFFERS
     from rayfl.algorithms.fedbn import FedBN
 
     layout = FlatModel(BNNet((4,), 3, width=5)).layout
     x = torch.arange(float(layout.offsets[-1]))
     norm = layout.mask("norm")
     own, stats = -torch.ones(int(norm.sum())), torch.tensor([7.0, 8.0])
-    model, buffers = FedBN().personal_model({"personal": own, BUFFERS: stats}, x, layout.mask)
+    model, buffers = FedBN().personal_model({"personal": own}, x, layout.mask, stats)
     assert torch.equal(model[norm], own) and torch.equal(model[~norm], x[~norm])
     assert torch.equal(buffers, stats)
     model, buffers = FedBN().personal_model(None, x, layout.mask)  # never trained: global

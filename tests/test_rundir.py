@@ -110,8 +110,8 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
                             eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1))
     s.log, s.progress_rows, s.stop_requested = _Log(), [], False
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
-    s.state = {"x": torch.zeros(3)}
-    s.algorithm = SimpleNamespace(deployed=lambda state: state["x"])
+    s.state = SimpleNamespace(x=torch.zeros(3))
+    s.stack = SimpleNamespace(deployed=lambda state: state.x)
     s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
     s.evaluate = lambda: {"test_loss": 1.0, "test_accuracy": 0.5}
     s.client_eval = None  # eval.clients = 0

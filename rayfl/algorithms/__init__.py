@@ -8,7 +8,7 @@ from rayfl.algorithms.base import Algorithm
 def build(cfg, num_clients: int):
     """The run's :class:`~rayfl.layers.Stack`: the configured algorithm with its server
     optimiser, the ``wrappers`` around it and the aggregation transforms."""
-    from rayfl.algorithms import registry, server_opt
+    from rayfl.algorithms import registry
     from rayfl.algorithms.checks import effective_weighting
     from rayfl.algorithms.wrapper import wrappers_of
     from rayfl.layers import Facts, Stack
@@ -24,10 +24,25 @@ def build(cfg, num_clients: int):
     else:
         o = cfg.server_opt
         lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
-        opt = server_opt.build(o.name, lr, o.momentum, o.nesterov, o.beta1, o.beta2, o.tau,
-                               o.v_init)
+        opt = server_opt_of(o, lr)
     facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
     return Stack(algo, opt, wrappers_of(cfg, facts), transforms_of(cfg, facts))
 
 
-__all__ = ["Algorithm", "build"]
+def server_opt_of(section, lr: float):
+    """The ``server_opt`` section's optimiser at learning rate ``lr``, its contract checked: a
+    :class:`~rayfl.algorithms.server_opt.ServerOpt` (one ComponentError line otherwise)."""
+    from rayfl.algorithms.server_opt import ServerOpt
+    from rayfl.contract import calling, describe, expect, name_of
+
+    component = section.component()
+    where = name_of(component)
+    with calling(where):
+        opt = component(section, lr)
+    expect(isinstance(opt, ServerOpt), where,
+           f"returned {describe(opt)}, not a ServerOpt(init, update) "
+           "(rayfl.algorithms.server_opt)")
+    return opt
+
+
+__all__ = ["Algorithm", "build", "server_opt_of"]

@@ -4,7 +4,7 @@ it (:mod:`rayfl.algorithms.wrapper`) and the server optimiser replacing its step
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from rayfl import registry
 from rayfl.schema import field
@@ -34,11 +34,15 @@ class WrapperConfig(registry.Named):
 
 
 @dataclass(frozen=True)
-class ServerOptConfig:
+class ServerOptConfig(registry.Named):
     """A server optimizer for the algorithm's server step (algorithms that accept one)."""
 
-    name: Literal["sgd", "momentum", "adam", "yogi", "adagrad"] = field(
-        "sgd", doc="x ← x − step: sgd, momentum, adam, yogi or adagrad (Reddi et al. 2021)")
+    KIND = "server_opt"
+
+    name: str = field(
+        "sgd", doc="x ← x − step: sgd, momentum, adam, yogi or adagrad (Reddi et al. 2021), or "
+                   "package.module:Name, a callable (section, lr) -> ServerOpt (an optax-shaped "
+                   "init/update pair; rayfl.algorithms.server_opt)")
     lr: Optional[float] = field(None, doc="server lr (null: algorithm.server_lr)", lo=0.0,
                                 lo_open=True)
     momentum: float = field(0.9, doc="β of momentum", lo=0.0, hi=1.0, hi_open=True)
@@ -49,3 +53,4 @@ class ServerOptConfig:
                          hi_open=True)
     tau: float = field(1e-3, doc="adaptivity τ added to √v", lo=0.0, lo_open=True)
     v_init: Optional[float] = field(None, doc="initial second moment (null: τ²)", lo=0.0)
+    params: Any = field(None, doc="validated keys of a user server optimiser", flatten=True)

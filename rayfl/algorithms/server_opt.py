@@ -13,6 +13,11 @@ class sets ``accepts_server_opt`` takes any of them through the ``server_opt`` c
 The adaptive three follow Reddi et al. (2021), "Adaptive Federated Optimization": no bias
 correction, m_{-1} = 0, v_{-1} = v_init (default τ²); a mid-run restart (IMA's moment reset) sets
 m = v = 0, as the IMA authors' code does.
+
+A server optimiser is a component like any other: ``server_opt.name`` names a built-in, a
+``package.module:Name`` reference or a name given to :func:`rayfl.register_server_opt`, a
+callable ``(section, lr) -> ServerOpt`` from the validated ``server_opt`` section (its own keys,
+and the component's ``Params`` in ``section.params``) and the server learning rate.
 """
 
 from __future__ import annotations
@@ -95,7 +100,8 @@ def adagrad(lr: float, beta1: float, tau: float, v_init: float, beta2: float = 0
 def build(name: str, lr: float, momentum_: float = 0.9, nesterov: bool = False,
           beta1: float = 0.9, beta2: float = 0.99, tau: float = 1e-3,
           v_init: float | None = None) -> ServerOpt:
-    """The named server optimizer (``sgd``, ``momentum``, ``adam``, ``yogi``, ``adagrad``)."""
+    """The named built-in server optimizer (``sgd``, ``momentum``, ``adam``, ``yogi``,
+    ``adagrad``)."""
     if name == "sgd":
         return sgd(lr)
     if name == "momentum":
@@ -105,4 +111,16 @@ def build(name: str, lr: float, momentum_: float = 0.9, nesterov: bool = False,
         lr, beta1=beta1, beta2=beta2, tau=tau, v_init=v0)
 
 
-NAMES = ("sgd", "momentum", "adam", "yogi", "adagrad")
+def _of(name: str) -> Callable[[Any, float], ServerOpt]:
+    """The built-in ``name`` as a component: (the ``server_opt`` section, lr) -> ServerOpt."""
+    def component(section: Any, lr: float) -> ServerOpt:
+        return build(name, lr, section.momentum, section.nesterov, section.beta1,
+                     section.beta2, section.tau, section.v_init)
+
+    component.__name__ = component.__qualname__ = f"{name}_of"
+    component.__doc__ = f"The built-in ``{name}`` server optimiser of a ``server_opt`` section."
+    return component
+
+
+sgd_of, momentum_of, adam_of, yogi_of, adagrad_of = (
+    _of(n) for n in ("sgd", "momentum", "adam", "yogi", "adagrad"))

@@ -87,7 +87,8 @@ class RunDir:
         one (its ``inner_model``: IMA's ``ima_inner``); None without such a wrapper."""
         from rayfl.algorithms.wrapper import wrapper_classes
 
-        names = [cls.inner_model for _, cls, _ in wrapper_classes(self.cfg) if cls.inner_model]
+        names = [cls.traits.inner_model for _, cls, _ in wrapper_classes(self.cfg)
+                 if cls.traits.inner_model]
         return names[-1] if names else None
 
     def fma_name(self, t: int) -> str:
