@@ -62,3 +62,16 @@ def test_yaml_snippets_are_valid_configs():
     assert blocks
     for block in blocks:
         config.from_dict({**base, **yaml.safe_load(block)})
+
+
+def test_keys_of_one_algorithm_lists_only_its_own(capsys):
+    from rayfl import cli
+
+    assert cli.main(["keys", "--algorithm", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    keys = re.findall(r"^\| `([^`]+)` \|", out, flags=re.M)
+    assert keys and all(k.startswith("algorithm.") for k in keys), keys
+    assert "algorithm.mu" in keys and "rounds" not in keys
+    assert cli.main(["keys", "--model", "transformer_lm"]) == 0
+    keys = re.findall(r"^\| `([^`]+)` \|", capsys.readouterr().out, flags=re.M)
+    assert keys and all(k.startswith("model.") for k in keys), keys
