@@ -2,7 +2,7 @@
 
 An algorithm is math, not plumbing. It sees flat parameter vectors (``torch.Tensor`` of shape
 ``(d,)``) and small dicts of them; it never sees Ray, actors, files or models. The round loop
-(:mod:`rayfl.runtime.loop`):
+(``rayfl/runtime/loop.py``):
 
 1. calls :meth:`Algorithm.server_init` once with the initial model ``x_0``;
 2. each round ``t`` calls :meth:`broadcast` (what every sampled client receives; ``bc["x"]`` is
