@@ -104,6 +104,19 @@ def test_every_page_is_in_the_nav():
     assert pages == set(re.findall(r":\s*(\S+\.md)", nav))
 
 
+def test_every_howto_is_on_the_home_page_in_a_group():
+    with open(os.path.join(ROOT, "docs", "index.md")) as f:
+        home = f.read().split("## How-to guides", 1)[1].split("\n## ", 1)[0]
+    groups = re.split(r"\*\*(Extend rayfl|Scale out|Evaluate|Reproduce)\*\*", home)[1:]
+    listed = {group: set(re.findall(r"\((howto/[\w-]+\.md)\)", body))
+              for group, body in zip(groups[::2], groups[1::2])}
+    assert list(listed) == ["Extend rayfl", "Scale out", "Evaluate", "Reproduce"]
+    howtos = {os.path.relpath(p, os.path.join(ROOT, "docs"))
+              for p in glob.glob(os.path.join(ROOT, "docs", "howto", "*.md"))}
+    assert set().union(*listed.values()) == howtos
+    assert sum(len(v) for v in listed.values()) == len(howtos)  # each in one group
+
+
 def test_generated_markers_expand():
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
