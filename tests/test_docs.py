@@ -154,3 +154,12 @@ def test_keys_of_one_algorithm_lists_only_its_own(capsys):
     assert cli.main(["keys", "--model", "transformer_lm"]) == 0
     keys = re.findall(r"^\| `([^`]+)` \|", capsys.readouterr().out, flags=re.M)
     assert keys and all(k.startswith("model.") for k in keys), keys
+
+
+def test_readme_opens_with_the_two_commands():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    head = text.splitlines()[:40]
+    assert any(line.startswith("make demo") for line in head)
+    assert any(line.startswith("make test") for line in head)
+    assert "index.html" not in text  # the site is served (search needs a server), not opened
