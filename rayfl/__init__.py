@@ -11,6 +11,6 @@ from rayfl.runtime.inprocess import simulate
 from rayfl.simulation import RunResult, resume, run
 
 __all__ = ["ComponentError", "Config", "ConfigError", "RunResult", "load_config", "resume", "run",
-           "simulate", "register_algorithm", "register_model", "register_dataset", "register_availability",
-           "register_selector", "register_wrapper"]
+           "simulate", "register_algorithm", "register_model", "register_dataset",
+           "register_availability", "register_selector", "register_wrapper"]
 __version__ = "0.1.0"
