@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
 SHAKESPEARE_DIR := $(HOME)/.cache/rayfl-data/shakespeare
 
-.PHONY: demo test bench docs fmnist shakespeare venv clean
+.PHONY: demo test bench docs tutorial fmnist shakespeare venv clean
 
 venv: $(STAMP)
 
@@ -48,6 +48,10 @@ test: $(STAMP) fmnist shakespeare
 
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
+
+# Execute examples/tutorial.ipynb and save it with its outputs (committed; the site shows them).
+tutorial: $(STAMP)
+	$(BIN)/python tools/run_tutorial.py
 
 bench: $(STAMP) fmnist
 	$(BIN)/python benchmarks/bench_round.py $(ARGS)

@@ -164,17 +164,15 @@ def transform_reference() -> list[str]:
 
 
 def config_reference(algorithm: str | None = None, others: dict[str, str] | None = None) -> str:
-    """Markdown tables of every config key and component (and the named algorithm's, or all
-    algorithms', parameters; ``others`` maps further kinds to a component name to document)."""
+    """Markdown tables of every config key and component; given an algorithm (or ``others``,
+    further kinds mapped to a component name), only the named components' own parameters."""
+    if algorithm or others:
+        named = ([("algorithm", algorithm)] if algorithm else []) + list((others or {}).items())
+        return "\n".join(component_reference(kind, name) for kind, name in named)
     parts = ["## Run config keys", "", _table(describe_fields(Config)), ""]
-    if algorithm is None and not others:
-        parts += optional_sections() + transform_reference()
-        for kind in ("model", "dataset", "availability", "selector", "wrapper"):
-            parts += _components(kind)
-    for name in [algorithm] if algorithm else ([] if others else registry.names("algorithm")):
-        parts.append(component_reference("algorithm", name))
-    for kind, name in (others or {}).items():
-        parts.append(component_reference(kind, name))
-    if algorithm is None and not others:
-        parts.append(combinations())
+    parts += optional_sections() + transform_reference()
+    for kind in ("model", "dataset", "availability", "selector", "wrapper"):
+        parts += _components(kind)
+    parts += [component_reference("algorithm", name) for name in registry.names("algorithm")]
+    parts.append(combinations())
     return "\n".join(parts)

@@ -23,7 +23,7 @@ import dataclasses
 import importlib
 import os
 import sys
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, TypeVar, Union
 
 from rayfl.schema import ConfigError
 from rayfl.suggest import no_such_key
@@ -331,12 +331,76 @@ def user_modules(components: list[Any]) -> list[str]:
     return sorted(set(paths))
 
 
-def registrar(kind: str) -> Callable:
-    """``register`` bound to one kind (``rayfl.register_algorithm`` and friends)."""
-    def register_kind(obj: Any = None, *, name: str | None = None) -> Any:
-        return register(kind, obj, name=name)
+# ----- registering from Python: rayfl.register_algorithm and friends ----------------------------
 
-    register_kind.__name__ = f"register_{kind}"
-    register_kind.__doc__ = (f"Register a {kind} so that config key {KEYS[kind]} can name it "
-                             f"(``@register_{kind}`` or ``register_{kind}(obj, name=...)``).")
-    return register_kind
+C = TypeVar("C")
+Registered = Union[C, Callable[[C], C]]  # the object itself, or (as a decorator) a registrar
+
+
+def register_algorithm(algorithm: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``algorithm.name: NAME`` run ``algorithm``, a subclass of
+    [`Algorithm`][rayfl.algorithms.base.Algorithm] (its ``Params`` dataclass, if any, gives
+    the keys of the ``algorithm`` section).
+
+    ``NAME`` is ``name``, else the class's ``name`` attribute or ``__name__``; a built-in name
+    cannot be taken. Returns ``algorithm``, so it works as ``register_algorithm(MyAlgo,
+    name="mine")``, ``@register_algorithm`` and ``@register_algorithm(name="mine")``. The class
+    travels with the run's config to every Ray worker; no import hook is needed there."""
+    return register("algorithm", algorithm, name=name)
+
+
+def register_model(model: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``model.name: NAME`` build ``model``: a function or ``torch.nn.Module`` class called
+    as ``model(input_shape, num_classes, **options)`` (the options it names among ``hidden``,
+    ``groups``, ``embedding_dim`` and ``vocab``, and every field of its own ``Params``, the
+    ``model`` section's further keys).
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("model", model, name=name)
+
+
+def register_dataset(dataset: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``data.dataset: NAME`` read ``dataset``: a module or class whose ``load(cfg,
+    seed)`` returns the whole data set as [`Arrays`][rayfl.data.datasets.Arrays] (optionally
+    with its own ``Params``, the ``data`` section's further keys); rayfl partitions, caches and
+    serves it.
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("dataset", dataset, name=name)
+
+
+def register_availability(model: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``availability.model: NAME`` decide who is online: a subclass of
+    [`AvailabilityModel`][rayfl.availability.base.AvailabilityModel], built as ``cls(params,
+    ctx)`` with its own ``Params`` (the ``availability`` section's further keys).
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("availability", model, name=name)
+
+
+def register_selector(selector: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``selection.name: NAME`` pick each round's clients with ``selector``, a subclass of
+    [`Selector`][rayfl.selection.base.Selector].
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("selector", selector, name=name)
+
+
+def register_wrapper(wrapper: C | None = None, *, name: str | None = None) -> Registered:
+    """Make a ``wrappers`` entry ``{name: NAME}`` wrap the algorithm's server side in
+    ``wrapper``, a subclass of [`ServerWrapper`][rayfl.algorithms.wrapper.ServerWrapper]; a
+    registered wrapper is also named in ``rayfl compare --algorithms fedavg+NAME``.
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("wrapper", wrapper, name=name)
+
+
+def register_server_opt(optimizer: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``server_opt.name: NAME`` step the server with ``optimizer``: a callable
+    ``optimizer(section, lr)`` returning a
+    [`ServerOpt`][rayfl.algorithms.server_opt.ServerOpt], an optax-shaped ``init``/``update``
+    pair (``section``: the validated ``server_opt`` section, with its own ``Params`` in
+    ``section.params``; ``lr``: the server learning rate).
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("server_opt", optimizer, name=name)

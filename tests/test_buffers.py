@@ -13,6 +13,7 @@ from examples.bn_model import BNNet
 from rayfl import run
 from rayfl.config import ConfigError, load
 from rayfl.data import prepare
+from rayfl.models import check_single_rows
 from rayfl.models.flat import FlatModel
 from tests.conftest import TINY
 
@@ -112,7 +113,35 @@ def test_a_model_that_cannot_train_on_one_row_gets_a_config_error_first(tiny, tm
     one_row = "local.batch_size=29"
     plain = _run(tiny, one_row, "model.name=mlp", "runtime.executor=inprocess")
     assert plain.summary["rounds"] == 3
-    with pytest.raises(ConfigError, match="local.batch_size.*one row.*cannot train on one"):
+    # every client holds 30 rows: 30 mod 28 = 2 and 30 mod 30 = 0 leave no one-row batch
+    with pytest.raises(ConfigError, match="local.batch_size.*one row.*cannot train on one.*"
+                                          "batch size 28 or 30 leaves none"):
         _run(tiny, one_row, run_dir=str(tmp_path / "r"))
     assert not (tmp_path / "r").exists()
     assert main(["run", TINY, *tiny, *BN, one_row, "--dry-run"]) == 2
+
+
+class _Sizes:
+    """A partition handle with given client sizes, for the batch-size suggestion alone."""
+
+    kind, input_shape = "dense", (4,)
+
+    def __init__(self, sizes):
+        self._sizes = np.asarray(sizes)
+
+    def sizes(self):
+        return self._sizes
+
+
+@pytest.mark.parametrize("sizes, batch, works", [
+    ([51, 103, 64], 50, "batch size 49 or 52 leaves none"),  # 51 mod 50 = 103 mod 51 = 1
+    ([65, 131], 64, "batch size 63 or 66 leaves none"),  # 65 mod 64 = 131 mod 65 = 1
+    ([3], 2, "batch size 3 leaves none"),  # below 2 only 1 (all one-row batches)
+    ([1, 40], 13, "no batch size does: a client holds a single row"),
+])
+def test_the_refusal_names_the_nearest_batch_sizes_that_work(sizes, batch, works):
+    import torch
+
+    bn = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    with pytest.raises(ConfigError, match=works):
+        check_single_rows(bn, _Sizes(sizes), batch)

@@ -18,7 +18,7 @@ from tests.conftest import ROOT, TINY
 
 def test_site_builds_strict(tmp_path):
     env = {**os.environ, "PYTHONPATH": ROOT, "NO_MKDOCS_2_WARNING": "1"}
-    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -28,6 +28,72 @@ def test_site_builds_strict(tmp_path):
         assert f'id="{name}"' in api, name
     keys = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
     assert "runtime.cpus_per_actor" in keys and "aggregation.weighting" in keys
+    _check_api_page(api)
+
+
+def _check_api_page(api: str) -> None:
+    """Every exported name documented, the register functions with their signatures, and no
+    docstring's Sphinx role left as raw text (each became a link)."""
+    import rayfl
+    import tune
+
+    exported = [f"rayfl.{n}" for n in rayfl.__all__] + [f"tune.{n}" for n in tune.__all__]
+    missing = [name for name in exported if f'id="{name}"' not in api]
+    assert not missing, missing
+    text = re.sub(r"<[^>]+>", "", api)
+    assert not re.findall(r":(?:class|func|meth|mod|attr|data|exc|obj):", text)
+    for kind in ("algorithm", "model", "dataset", "availability", "selector", "wrapper"):
+        heading = re.sub(r"\s+", "", text[text.index(f"rayfl.register_{kind}"):][:400])
+        assert re.match(rf"rayfl\.register_{kind}\(\w+:C\|None=None,\*,name:str\|None=None\)",
+                        heading), heading
+    links = re.findall(r'<a class="autorefs autorefs-internal"(?: title="[^"]*")? href="#([^"]+)"',
+                       api)
+    assert "rayfl.algorithms.base.Algorithm.client_end" in links  # :meth:`client_end`
+    assert all(f'id="{target}"' in api for target in links)
+
+
+def test_an_unresolved_reference_fails_the_build(tmp_path):
+    """A docstring's role naming something the site does not document stops the strict build
+    (the site's own configuration, on a page documenting a module that refers to nothing)."""
+    with open(os.path.join(ROOT, "mkdocs.yml")) as f:
+        site = yaml.safe_load(f)
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# x\n\n::: rayfl.run\n\n::: stray\n")
+    (tmp_path / "stray.py").write_text('"""Refers to :class:`Nothing`, which nothing defines."""\n')
+    site.update(docs_dir=str(docs), nav=[{"Home": "index.md"}],
+                hooks=[os.path.join(ROOT, "tools", "mkdocs_hooks.py")])
+    python = next(p for p in site["plugins"] if isinstance(p, dict) and "mkdocstrings" in p)
+    python = python["mkdocstrings"]["handlers"]["python"]  # paths relative to the repository
+    python["paths"] = [ROOT, str(tmp_path)]
+    python["options"]["extensions"] = [os.path.join(ROOT, e)
+                                       for e in python["options"]["extensions"]]
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(site))
+    env = {**os.environ, "PYTHONPATH": ROOT, "NO_MKDOCS_2_WARNING": "1"}
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                          "-f", str(tmp_path / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                         cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "Could not find cross-reference target 'Nothing'" in out.stderr, out.stderr
+
+
+def test_sphinx_roles_become_links_resolved_from_their_scope():
+    import griffe
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import griffe_roles
+    finally:
+        sys.path.remove(os.path.join(ROOT, "tools"))
+    assert griffe_roles.parse("~rayfl.schema.field") == ("field", "rayfl.schema.field")
+    assert griffe_roles.parse("the run <rayfl.run>") == ("the run", "rayfl.run")
+    assert griffe_roles.parse("resume()") == ("resume", "resume")
+    pkg = griffe.load("rayfl", search_paths=[ROOT], extensions=griffe.load_extensions(
+        griffe_roles.SphinxRoles))
+    base = pkg["algorithms.base"]
+    # a method named in the module's docstring, a name imported where the docstring is
+    assert "[`client_end`][rayfl.algorithms.base.Algorithm.client_end]" in base.docstring.value
+    assert "[`Config`][rayfl.config.Config]" in pkg["simulation.run"].docstring.value
 
 
 def test_every_page_is_in_the_nav():
@@ -36,6 +102,19 @@ def test_every_page_is_in_the_nav():
     pages = {os.path.relpath(p, os.path.join(ROOT, "docs"))
              for p in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)}
     assert pages == set(re.findall(r":\s*(\S+\.md)", nav))
+
+
+def test_every_howto_is_on_the_home_page_in_a_group():
+    with open(os.path.join(ROOT, "docs", "index.md")) as f:
+        home = f.read().split("## How-to guides", 1)[1].split("\n## ", 1)[0]
+    groups = re.split(r"\*\*(Extend rayfl|Scale out|Evaluate|Reproduce)\*\*", home)[1:]
+    listed = {group: set(re.findall(r"\((howto/[\w-]+\.md)\)", body))
+              for group, body in zip(groups[::2], groups[1::2])}
+    assert list(listed) == ["Extend rayfl", "Scale out", "Evaluate", "Reproduce"]
+    howtos = {os.path.relpath(p, os.path.join(ROOT, "docs"))
+              for p in glob.glob(os.path.join(ROOT, "docs", "howto", "*.md"))}
+    assert set().union(*listed.values()) == howtos
+    assert sum(len(v) for v in listed.values()) == len(howtos)  # each in one group
 
 
 def test_generated_markers_expand():
@@ -62,3 +141,25 @@ def test_yaml_snippets_are_valid_configs():
     assert blocks
     for block in blocks:
         config.from_dict({**base, **yaml.safe_load(block)})
+
+
+def test_keys_of_one_algorithm_lists_only_its_own(capsys):
+    from rayfl import cli
+
+    assert cli.main(["keys", "--algorithm", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    keys = re.findall(r"^\| `([^`]+)` \|", out, flags=re.M)
+    assert keys and all(k.startswith("algorithm.") for k in keys), keys
+    assert "algorithm.mu" in keys and "rounds" not in keys
+    assert cli.main(["keys", "--model", "transformer_lm"]) == 0
+    keys = re.findall(r"^\| `([^`]+)` \|", capsys.readouterr().out, flags=re.M)
+    assert keys and all(k.startswith("model.") for k in keys), keys
+
+
+def test_readme_opens_with_the_two_commands():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    head = text.splitlines()[:40]
+    assert any(line.startswith("make demo") for line in head)
+    assert any(line.startswith("make test") for line in head)
+    assert "index.html" not in text  # the site is served (search needs a server), not opened

@@ -73,7 +73,10 @@ def _scratch(root) -> None:
     """configs/ with the tiny config under every name the README uses (and the real study)."""
     with open(TINY) as f:
         tiny = yaml.safe_load(f)
-    tiny.update({"output_dir": "runs", "rounds": 4, "eval": {"every": 2}})
+    # 10 clients a round, as the real configs: the robust how-to's Multi-Krum (f = 2, k = 5)
+    # needs m > 2f + 2 and k ≤ m − f
+    tiny.update({"output_dir": "runs", "rounds": 4, "eval": {"every": 2},
+                 "clients_per_round": 10})
     tiny["data"]["cache_dir"] = str(root / "cache")
     for name in ("quickstart", "papers/compare_fmnist", "analysis/fmnist_drift",
                  "shakespeare/compare_cpu", "async/fedbuff_fmnist"):

@@ -3,6 +3,8 @@ cases, attackers as a seeded set, one and two actors alike, refusals where the m
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -71,7 +73,47 @@ def test_krum_with_too_few_updates_is_the_mean_and_says_so():
     krum = Krum(KrumParams(byzantine=1))
     agg, slot, metrics = _server(krum, u)
     assert torch.allclose(agg.delta_mean, u.mean(0))
-    assert metrics == {"krum_fallbacks": 1.0} and slot == 1
+    assert metrics == {"krum_fallbacks": 1.0, "krum_clamped": 0.0} and slot.fallbacks == 1
+
+
+def test_multikrum_in_a_round_short_of_select_averages_its_m_minus_f_best_and_says_so():
+    """Seven honest updates near c, two far away, f = 2, k = 8 > m − f = 7 (a round where
+    clients dropped): the mean of the seven honest ones, counted in krum_clamped."""
+    g = torch.Generator().manual_seed(1)
+    honest = 0.5 + 0.01 * torch.randn(7, 20, generator=g, dtype=torch.float64)
+    u = torch.cat([honest, 50 + torch.randn(2, 20, generator=g, dtype=torch.float64)])
+    krum = Krum(KrumParams(byzantine=2, select=8))
+    agg, _, metrics = _server(krum, u)
+    assert torch.allclose(agg.delta_mean, honest.mean(0), atol=1e-14)
+    assert metrics == {"krum_fallbacks": 0.0, "krum_clamped": 1.0}
+
+
+@pytest.mark.parametrize("extra, key, expected", [
+    # 10 clients a round: m − f = 10 − 1 = 9 is the most Multi-Krum may average
+    (["clients_per_round=10", "{name: krum, byzantine: 1, select: 10}"],
+     "aggregation.transforms[0].select", "at most m − f = 9"),
+    # 2f + 2 < m: with 6 clients f ≤ 1
+    (["clients_per_round=6", "{name: krum, byzantine: 2}"],
+     "aggregation.transforms[0].byzantine", "at most 1 with 6 updates"),
+    (["clients_per_round=2", "{name: krum, byzantine: 0}"], "clients_per_round", "at least 3"),
+    (["clients_per_round=10", "aggregation.mode=fedbuff", "aggregation.buffer_size=4",
+      "{name: krum, byzantine: 1}"], "aggregation.transforms[0].byzantine", "at most 0"),
+    (["aggregation.mode=fedasync", "{name: krum, byzantine: 0}"], "aggregation.mode",
+     "sync or fedbuff"),
+])
+def test_krum_refuses_a_config_whose_rounds_can_never_meet_it(extra, key, expected):
+    overrides = [e for e in extra if not e.startswith("{")]
+    entry = next(e for e in extra if e.startswith("{"))
+    with pytest.raises(ConfigError, match=f"'{re.escape(key)}'.*{expected}"):
+        config_mod.load(TINY, [*overrides, _transforms(entry)])
+
+
+def test_krum_accepts_the_most_a_round_allows():
+    cfg = config_mod.load(TINY, ["clients_per_round=10",  # 10 > 2·3 + 2 and 4 ≤ 10 − 3
+                                 _transforms("{name: krum, byzantine: 3, select: 4}")])
+    assert cfg.aggregation.transforms == [{"name": "krum", "byzantine": 3, "select": 4}]
+    config_mod.load(TINY, ["clients_per_round=10",
+                           _transforms("{name: krum, byzantine: 1, select: 9}")])
 
 
 def test_attackers_are_a_seeded_set_and_each_kind_corrupts_as_stated():

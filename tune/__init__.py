@@ -5,10 +5,12 @@
     from tune import load, run_study
     summary = run_study(load("configs/studies/adabest_fmnist.yaml"))
 
+or, from a study written as a dict, ``run_study(build({...}))``.
+
 See ``tune/README.md`` for the study keys.
 """
 
 from tune.driver import run_study
-from tune.spec import load
+from tune.spec import build, load
 
-__all__ = ["load", "run_study"]
+__all__ = ["build", "load", "run_study"]

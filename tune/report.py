@@ -79,10 +79,8 @@ def _write_best(setup: StudySetup, best: FrozenTrial) -> dict:
 def plots(study: optuna.Study, out_dir: str, target: str = "objective") -> dict[str, str]:
     """Plot name → file; importances need two complete trials, the contour two parameters.
     ``target`` names the objective on the axes (Optuna's default is "Objective Value")."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the process's own backend: Agg when headless; a
+    # notebook keeps its inline one (each figure is closed once saved, so none is shown)
     from optuna.visualization import matplotlib as vis
 
     def save(ax, name: str) -> str:

@@ -1,13 +1,11 @@
-"""The analysis figures (PNG, matplotlib's Agg backend)."""
+"""The analysis figures (PNG by matplotlib's Agg renderer, built outside pyplot)."""
 
 from __future__ import annotations
 
-import matplotlib
 import numpy as np
+from matplotlib.lines import Line2D
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
+from rayfl.metrics.plots import figure
 
 MARKERS = {"model": {"marker": "^", "color": "k", "ms": 8},  # the paper's black triangles
            "average": {"marker": "x", "color": "w", "ms": 10, "mew": 2.5},  # its white cross
@@ -17,12 +15,11 @@ MARKERS = {"model": {"marker": "^", "color": "k", "ms": 8},  # the paper's black
 def _save(fig, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def _panels(n: int, width: float = 4.0, height: float = 3.2, rows: int = 1):
-    fig, axes = plt.subplots(rows, n, figsize=(width * n, height * rows), dpi=120, squeeze=False)
-    return fig, axes
+    fig = figure(figsize=(width * n, height * rows))
+    return fig, fig.subplots(rows, n, squeeze=False)
 
 
 def plot_line(line, path: str) -> None:
@@ -46,7 +43,7 @@ def _contour(ax, res, z, title: str) -> None:
     levels = np.linspace(z.min(), top if top > z.min() else z.min() + 1e-6, 20)
     cs = ax.contourf(res.a, res.b, z, levels=levels, cmap="viridis", extend="max")
     ax.contour(res.a, res.b, z, levels=levels, colors="k", linewidths=0.3, alpha=0.5)
-    plt.colorbar(cs, ax=ax, shrink=0.85, format="%.3g")
+    ax.figure.colorbar(cs, ax=ax, shrink=0.85, format="%.3g")
     i = np.unravel_index(np.argmin(z), z.shape)
     ax.plot(res.a[i[1]], res.b[i[0]], "*", color="w", mec="k", ms=9, label="grid minimum")
     for p in res.points:
@@ -62,9 +59,8 @@ def plot_planes(results: list, path: str) -> None:
     """Loss (top row) and error (bottom row) on each plane: models ▲, their average ✕,
     marked models ◆ (projected), the grid's lowest point ★ (seed 004 Figs. 1, 8–10)."""
     ratios = [plane_aspect(res) for res in results]  # equal axes: width follows each plane
-    fig, axes = plt.subplots(2, len(results), figsize=(3.6 * sum(ratios) + 1.0 * len(results),
-                                                       8.0), dpi=120, squeeze=False,
-                             gridspec_kw={"width_ratios": ratios})
+    fig = figure(figsize=(3.6 * sum(ratios) + 1.0 * len(results), 8.0))
+    axes = fig.subplots(2, len(results), squeeze=False, gridspec_kw={"width_ratios": ratios})
     for j, res in enumerate(results):
         _contour(axes[0, j], res, res.loss, f"{res.name}: loss")
         _contour(axes[1, j], res, res.error, f"{res.name}: error")
@@ -78,7 +74,6 @@ def plot_planes(results: list, path: str) -> None:
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plane_aspect(res) -> float:

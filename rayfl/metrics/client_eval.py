@@ -79,13 +79,13 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
     percentile bands (fine-tuned too when present), the global test accuracy for reference;
     right: histogram of the clients' accuracies at the last evaluation. False if nothing to
     draw (per-client evaluation off)."""
-    from rayfl.metrics.plots import MaxNLocator, evaluated, plt
+    from rayfl.metrics.plots import MaxNLocator, evaluated, figure
 
     evals = [r for r in rows if r.get("client_accuracy_mean") is not None]
     if not evals:
         return False
-    fig, (ax, hist) = plt.subplots(1, 2, figsize=(11, 5.6), dpi=120,
-                                   gridspec_kw={"width_ratios": [3, 2]})
+    fig = figure(figsize=(11, 5.6))
+    ax, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
     x = [r["round"] for r in evals]
     for name, label, color in (("client_accuracy", "global model", "tab:blue"),
                                ("personal_accuracy", "after fine-tuning", "tab:orange")):
@@ -126,7 +126,6 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
     hist.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return True
 
 

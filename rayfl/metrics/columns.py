@@ -39,6 +39,12 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "upload_bytes": ("bytes", ("what the round's completed clients uploaded for their "
                                   "updates Δ_i as the transform chain encodes them "
                                   "(compression, secagg); times the virtual upload")),
+        "attackers": ("clients", ("Byzantine clients among the completed ones (the `attack` "
+                                 "transform)")),
+        "krum_fallbacks": ("rounds", ("rounds so far with m ≤ 2f + 2 updates, where `krum` took "
+                                     "the plain mean")),
+        "krum_clamped": ("rounds", ("rounds so far with fewer than select + f updates, where "
+                                   "`krum` averaged its m − f best-scored")),
         "diverged": ("bool", ("true when this row stopped the run (loss above loss_ceiling, "
                              "NaN or inf)")),
         "diverged_reason": ("text", "why the run stopped (only on the row that stopped it)"),

@@ -1,18 +1,22 @@
 """PNG figures a person would rather look at than read.
 
-Rounds are numbered from 1 as in ``metrics.parquet``; accuracies are drawn in percent, as the
+Figures are built outside pyplot and written as PNG by matplotlib's Agg renderer. Rounds are
+numbered from 1 as in ``metrics.parquet``; accuracies are drawn in percent, as the
 terminal prints them. Rows whose evaluation is missing (``eval.every > 1``) are skipped, so the
 lines join the evaluated rounds.
 """
 
 from __future__ import annotations
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+def figure(**kwargs) -> Figure:
+    """A figure of its own, outside pyplot: writing it never touches the backend or the open
+    figures of the process (a notebook that imports rayfl keeps its inline plots)."""
+    return Figure(dpi=120, **kwargs)
 
 
 def evaluated(rows: list[dict], key: str = "test_accuracy") -> list[tuple[int, float]]:
@@ -31,7 +35,6 @@ def _finish(fig, ax, path: str, title: str, legend: bool) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plot_accuracy(runs: dict[str, list[dict]], path: str, title: str = "Test accuracy") -> int:
@@ -39,7 +42,8 @@ def plot_accuracy(runs: dict[str, list[dict]], path: str, title: str = "Test acc
 
     Returns the number of lines drawn.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig = figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
     drawn = 0
     for name, rows in runs.items():
         pts = evaluated(rows)
@@ -65,7 +69,8 @@ def seed_band(runs: list[list[dict]]) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def plot_accuracy_bands(groups: dict[str, list[list[dict]]], path: str,
                         title: str = "Test accuracy") -> int:
     """Mean test accuracy (%) over seeds per group with a ±1 std band; returns lines drawn."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    fig = figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
     drawn = 0
     for name, runs in groups.items():
         x, mean, std = seed_band(runs)

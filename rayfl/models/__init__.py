@@ -113,7 +113,8 @@ def check_fits(model_cfg, handle):
 def check_single_rows(model, handle, batch_size: int) -> None:
     """Pre-flight: when some client's last minibatch holds one row (n_i mod B = 1), the model
     must train on a single sample — BatchNorm over features cannot (torch raises); a
-    ConfigError naming ``local.batch_size`` instead of a failure in the middle of a run."""
+    ConfigError naming ``local.batch_size`` and the nearest sizes that work, instead of a
+    failure in the middle of a run."""
     import numpy as np
     import torch
 
@@ -126,14 +127,42 @@ def check_single_rows(model, handle, batch_size: int) -> None:
     except ValueError as e:
         reason = " ".join(str(e).split())
     sizes = handle.sizes()
-    last = np.where(sizes % batch_size == 0, batch_size, sizes % batch_size)
-    single = np.flatnonzero((last == 1) & (sizes > 0))
+    single = np.flatnonzero(_last_batch_is_one_row(sizes, batch_size))
     if len(single):
         c = int(single[0])
         raise ConfigError("local.batch_size", batch_size,
                           f"a size that leaves no client a last minibatch of one row: the model "
                           f"cannot train on one sample ({reason}); "
-                          f"{len(single)} clients would, e.g. client {c} with {sizes[c]} rows")
+                          f"{len(single)} clients would, e.g. client {c} with {sizes[c]} rows; "
+                          f"{_sizes_that_work(sizes, batch_size)}")
+
+
+def _last_batch_is_one_row(sizes, batch_size: int):
+    """Per client: whether its epoch ends on a minibatch of one row."""
+    import numpy as np
+
+    last = np.where(sizes % batch_size == 0, batch_size, sizes % batch_size)
+    return (sizes > 0) & (last == 1)
+
+
+def _sizes_that_work(sizes, batch_size: int) -> str:
+    """The nearest batch sizes below and above ``batch_size`` that leave no client a one-row
+    last minibatch (above the largest client every size does, unless a client has one row)."""
+    import numpy as np
+
+    distinct = np.unique(sizes[sizes > 0])
+    if (distinct == 1).any():
+        return ("no batch size does: a client holds a single row (raise data.min_samples or "
+                "change the partition)")
+    works = [b for b in (_nearest(distinct, range(batch_size - 1, 1, -1)),
+                         _nearest(distinct, range(batch_size + 1, int(distinct.max()) + 2)))
+             if b is not None]
+    return "batch size " + " or ".join(map(str, works)) + " leaves none"
+
+
+def _nearest(sizes, candidates) -> int | None:
+    """The first candidate batch size that leaves no client a one-row last minibatch."""
+    return next((b for b in candidates if not _last_batch_is_one_row(sizes, b).any()), None)
 
 
 __all__ = ["build_model", "build_for", "check_fits", "check_single_rows", "rec_metrics", "FlatModel", "sha256_of"]

@@ -1,7 +1,7 @@
 """Round messages: what the server computed from round t, read by each of that round's clients
 when it next takes part (an algorithm's ``round_message`` / ``client_settle`` pair).
 
-A client's state file is immutable (:mod:`rayfl.runtime.state_store`), so a state update that
+A client's state file is immutable (``rayfl/runtime/state_store.py``), so a state update that
 needs the round's aggregate (ProxSkip's h_i ← h_i + (p/γ)(x_{t+1} − x̂_i)) is applied when the
 state is next loaded, from the message of the round that wrote it. Messages are files beside
 the client states (``messages/r<t>.npz``, a few kept in memory per process), written by the

@@ -107,15 +107,23 @@ class KrumParams:
     """Krum / Multi-Krum."""
 
     byzantine: int = schema.field(1, doc="f: the Byzantine clients tolerated (needs m > 2f + 2 "
-                                  "updates; fewer: the plain mean, counted in krum_fallbacks)",
-                                  lo=0)
+                                  "updates: refused when the round's clients cannot give them; "
+                                  "a round with fewer is the plain mean, counted in "
+                                  "krum_fallbacks)", lo=0)
     select: int = schema.field(1, doc="k: 1 is Krum; k > 1 is Multi-Krum, the mean of the k "
-                               "best-scored updates", lo=1)
+                               "best-scored updates (at most m − f: refused above the round's "
+                               "clients less f, clamped in a round with fewer, counted in "
+                               "krum_clamped)", lo=1)
 
 
 class Krum(RobustRule):
     """score(i) = Σ of ‖Δ_i − Δ_j‖² over i's m − f − 2 nearest others; the least-scored update
-    (Multi-Krum: the mean of the ``select`` least-scored; Blanchard et al., NeurIPS 2017)."""
+    (Multi-Krum: the mean of the ``select`` least-scored; Blanchard et al., NeurIPS 2017).
+
+    Krum's guarantee needs m > 2f + 2 updates, and Multi-Krum's mean of k updates can be free of
+    attackers only when k ≤ m − f: a config whose rounds can never meet either is refused; a
+    round that falls short (dropped clients) takes the plain mean (``krum_fallbacks``) or averages
+    its m − f best-scored updates (``krum_clamped``)."""
 
     name = "krum"
     Params = KrumParams
@@ -125,8 +133,28 @@ class Krum(RobustRule):
         "aggregation.transforms.krum.byzantine": {"type": "int", "low": 0, "high": 3},
         "aggregation.transforms.krum.select": {"type": "int", "low": 1, "high": 5}})
 
-    def init(self, x0: Vec) -> int:
-        return 0  # rounds that fell back to the plain mean so far
+    @classmethod
+    def check_config(cls, params, cfg, where: str) -> None:
+        m, source = updates_per_step(cfg)
+        f, k = params.byzantine, params.select
+        if m <= 2 * f + 2:
+            if cfg.aggregation.mode == "fedasync":
+                raise ConfigError(*source, f"sync or fedbuff with {where} = krum (a fedasync "
+                                           f"step holds one update; Krum needs m > 2f + 2)")
+            if m < 3:
+                raise ConfigError(*source, f"at least 3 with {where} = krum (Krum needs "
+                                           f"m > 2f + 2 updates a step; fewer: always the mean)")
+            raise ConfigError(f"{where}.byzantine", f,
+                              f"at most {(m - 3) // 2} with {m} updates a step (Krum needs "
+                              f"m > 2f + 2; every step would be the plain mean)")
+        if k > m - f:
+            raise ConfigError(f"{where}.select", k,
+                              f"at most m − f = {m - f} with {m} updates a step and byzantine "
+                              f"{f} (a mean of more than m − f updates includes an attacker "
+                              f"whenever f attack)")
+
+    def init(self, x0: Vec) -> KrumCounts:
+        return KrumCounts()
 
     def fallback(self, m: int) -> bool:
         """Whether ``m`` updates are too few for Krum with f Byzantine (m ≤ 2f + 2)."""
@@ -139,18 +167,43 @@ class Krum(RobustRule):
         d2 = torch.cdist(updates, updates).pow(2)
         nearest = d2.sort(1).values[:, 1:m - f - 1]  # column 0 is the update itself
         scores = nearest.sum(1)
-        best = torch.argsort(scores, stable=True)[:min(self.p.select, m)]
-        return updates[best].mean(0)
+        k = min(self.p.select, m - f)
+        return updates[torch.argsort(scores, stable=True)[:k]].mean(0)
 
-    def aggregate(self, slot: int, agg: Aggregate, sums: dict, srv):
-        if agg.count and self.fallback(agg.count):
-            slot += 1
+    def aggregate(self, slot: KrumCounts, agg: Aggregate, sums: dict, srv):
+        m, f = agg.count, self.p.byzantine
+        if m and self.fallback(m):
+            slot = dataclasses.replace(slot, fallbacks=slot.fallbacks + 1)
+        elif m and self.p.select > m - f:
+            slot = dataclasses.replace(slot, clamped=slot.clamped + 1)
         agg, _, _ = super().aggregate(slot, agg, sums, srv)
-        return agg, slot, {"krum_fallbacks": float(slot)}
+        return agg, slot, {"krum_fallbacks": float(slot.fallbacks),
+                           "krum_clamped": float(slot.clamped)}
 
-    def from_legacy(self, old: dict) -> int:
-        """rayfl 0.1 kept no count in its checkpoints."""
-        return 0
+    def from_legacy(self, old: dict) -> KrumCounts:
+        """rayfl 0.1 kept no counts in its checkpoints."""
+        return KrumCounts()
+
+
+@dataclass(frozen=True)
+class KrumCounts:
+    """Krum's slot: rounds that fell back to the plain mean, rounds that averaged fewer than
+    ``select`` updates."""
+
+    fallbacks: int = 0
+    clamped: int = 0
+
+
+def updates_per_step(cfg) -> tuple[int, tuple[str, object]]:
+    """The most updates one server step can see, and the config key that sets it: the round's
+    clients, FedBuff's buffer, or FedAsync's single update."""
+    mode = cfg.aggregation.mode
+    if mode == "fedasync":
+        return 1, ("aggregation.mode", mode)
+    if mode == "fedbuff" and cfg.aggregation.buffer_size:
+        return cfg.aggregation.buffer_size, ("aggregation.buffer_size",
+                                             cfg.aggregation.buffer_size)
+    return cfg.clients_per_round, ("clients_per_round", cfg.clients_per_round)
 
 
 def _chunked(updates: torch.Tensor, fn, size: int = 1 << 16) -> Vec:
