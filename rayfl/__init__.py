@@ -15,4 +15,4 @@ __all__ = ["ComponentError", "Config", "ConfigError", "RunResult", "load_config"
            "simulate", "register_algorithm", "register_model", "register_dataset",
            "register_availability", "register_selector", "register_wrapper",
            "register_server_opt"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

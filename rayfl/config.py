@@ -144,6 +144,9 @@ def from_dict(raw: dict) -> Config:
         raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
                                    for e in raw["wrappers"]]}
     cfg = schema.build(Config, raw)
+    from rayfl.algorithms import legacy
+
+    legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
     cfg.algorithm.component().check_config(cfg.algorithm.params, cfg)
     cfg.selection.component().check_config(cfg.selection.params, cfg)
     from rayfl import compat

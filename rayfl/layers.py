@@ -224,35 +224,43 @@ def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
     return tree
 
 
-def structure(tree: Any, path: str = "state") -> dict[str, str]:
+def structure(tree: Any, path: str = "state", field_of_slot: bool = False,
+              root: bool = True) -> dict[str, str]:
     """Path -> kind of every leaf of ``tree``: the shape a checkpoint's tree must have (a slot's
-    class and fields, a tensor's shape and dtype)."""
+    class and fields, a tensor's shape and dtype). A slot's field that is None is ``optional``:
+    filled later (fedmsi's graph after its set-up); a whole slot that is None keeps nothing."""
     out: dict[str, str] = {}
     if isinstance(tree, torch.Tensor):
         out[path] = f"tensor{tuple(tree.shape)} {str(tree.dtype).replace('torch.', '')}"
+    elif hasattr(tree, "slot_name"):  # a checkpoint's slot this run has no class for
+        out[path] = tree.slot_name
+        for k in sorted(tree.fields):
+            out.update(structure(tree.fields[k], f"{path}.{k}", True, False))
     elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         out[path] = type(tree).__name__
-        for f in dataclasses.fields(tree):
-            out.update(structure(getattr(tree, f.name), f"{path}.{f.name}"))
+        for f in dataclasses.fields(tree):  # the tree's own fields are slots, not optional
+            out.update(structure(getattr(tree, f.name), f"{path}.{f.name}", not root, False))
     elif isinstance(tree, (tuple, list)):
         out[path] = f"{type(tree).__name__} of {len(tree)}"
         for i, v in enumerate(tree):
-            out.update(structure(v, f"{path}[{i}]"))
+            out.update(structure(v, f"{path}[{i}]", root=False))
     elif isinstance(tree, dict):
         out[path] = "dict"
         for k in sorted(tree):
-            out.update(structure(tree[k], f"{path}.{k}"))
+            out.update(structure(tree[k], f"{path}.{k}", root=False))
+    elif tree is None:
+        out[path] = "optional" if field_of_slot else "nothing"
     else:
-        out[path] = "none" if tree is None else type(tree).__name__
+        out[path] = type(tree).__name__
     return out
 
 
 def mismatch(expected: Any, found: Any) -> str | None:
     """The first difference between the structures of two trees, in words (None: the same,
-    tensor shapes of variable-length slots aside; a None in ``expected`` is a slot filled
-    later, so anything matches it)."""
+    tensor shapes of variable-length slots aside; an ``optional`` field of ``expected``
+    matches anything)."""
     a, b = structure(expected), structure(found)
-    optional = [p for p, kind in a.items() if kind == "none"]
+    optional = [p for p, kind in a.items() if kind == "optional"]
     for path in sorted(set(a) | set(b)):
         if any(path == p or path.startswith((p + ".", p + "[")) for p in optional):
             continue

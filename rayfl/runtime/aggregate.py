@@ -49,6 +49,7 @@ class PartialSum:
     layers: list[dict[str, Any]] = field(default_factory=list)  # each layer's payload sums
     buffers_w: torch.Tensor | None = None  # Σ w_i b_i of the clients' model buffers
     updates: list[torch.Tensor] = field(default_factory=list)  # only with keep_updates
+    source: tuple[str, int] = ("client_train", 0)  # who made the payload, and the round
 
     def add_client(self, client_id: int, delta: torch.Tensor, weight: float, steps: int,
                    samples: int, loss: float, payload: dict, layer_payloads: list[dict],
@@ -57,6 +58,7 @@ class PartialSum:
         """Accumulate one client's upload Δ_i, its weight, the algorithm's payload (``where``
         names it in an error), each layer's payload and its model's buffers after training
         (BatchNorm statistics; None: the model has none); with ``keep_update``, Δ_i itself."""
+        self.source = (where, t)
         self.count += 1
         self.weight_sum += weight
         self.delta_w = _sum(self.delta_w, delta * weight)
@@ -96,8 +98,9 @@ class PartialSum:
         self.samples += other.samples
         self.loss_sum += other.loss_sum
         self.client_losses += other.client_losses
+        where, t = other.source
         for k, v in other.extras.items():
-            self.extras[k] = _sum(self.extras.get(k), v)
+            self.extras[k] = _add(self.extras.get(k), v, k, where, t, None)
         for k, (ids, rows) in other.rows.items():
             mine = self.rows.setdefault(k, ([], []))
             mine[0].extend(ids)

@@ -44,6 +44,11 @@ class Slot:
     name: str
     fields: dict
 
+    @property
+    def slot_name(self) -> str:
+        """The class name it was written as (what a structure check reports)."""
+        return self.name
+
 
 def path_of(location: str) -> str:
     """The run's checkpoint file (a path or URI)."""
