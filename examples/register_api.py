@@ -5,7 +5,7 @@ Objects registered in a script travel to every Ray worker inside the run's confi
 """
 
 import rayfl
-from rayfl.algorithms.base import Algorithm, LocalRule
+from rayfl.algorithms.base import Algorithm, ClientResult, LocalRule
 
 
 class Damped(LocalRule):
@@ -17,8 +17,8 @@ class Damped(LocalRule):
 class HalfStep(Algorithm):
     """FedAvg with every local step halved."""
 
-    def client_begin(self, task):
-        return Damped()
+    def client_train(self, task, ctx):
+        return ClientResult(ctx.train(Damped()))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ Every component declares what it is and what it refuses in its traits
 one place that reads them against the rest of the config. A :class:`Rule` is a condition, the
 config key it refuses and the reason; :func:`check` raises the first one that holds as a
 :class:`~rayfl.schema.ConfigError` naming the key (exit 2, before anything starts). Rules that
-need the model (its BatchNorm buffers) run once the model is built (:func:`check_model`).
+need the model (its BatchNorm buffers) run once the model is built (``check_model``).
 A component's rules on its own keys stay in its ``check_config``.
 """
 

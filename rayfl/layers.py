@@ -19,7 +19,7 @@ server update (stepping the server optimiser, a slot of its own), then each laye
 :meth:`Layer.after`, innermost first. The state is a tree — :class:`ServerState` on the server,
 :class:`ClientState` per client, :class:`Broadcast` per round — with one slot per layer: no
 layer reads or writes another's, and checkpoints, resume and fork check the tree by its
-structure (:func:`structure`).
+structure (``structure`` and ``mismatch`` below).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ An algorithm is math, not plumbing. It sees flat parameter vectors (``torch.Tens
 ``(d,)``) and its own state; it never sees Ray, actors, files, other layers or models. It is the
 innermost layer of a run's stack (:mod:`rayfl.layers`): server wrappers and aggregation
 transforms sit around it, each with its own slot of the state. Each round ``t`` the round loop
-(:mod:`rayfl.runtime.loop`):
+(``rayfl/runtime/loop.py``):
 
 1. :meth:`Algorithm.broadcast` — what every sampled client receives from the server model ``x``
    and the algorithm's own server state (``bc["x"]`` is where local training starts);

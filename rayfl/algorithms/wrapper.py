@@ -7,7 +7,7 @@ name given to :func:`rayfl.register_wrapper`), so
 
     wrappers: [A, B]   ⇒   B(A(algorithm))
 
-It owns one slot of the server state (:meth:`ServerWrapper.init`) and overrides what it changes:
+It owns one slot of the server state (``init``) and overrides what it changes:
 the aggregate the layers under it see (``aggregate``), the model after their update
 (``after``), the model deployed (``deployed``), the clients' learning rate (``client_lr``) and —
 through its client half — what it asks its clients for (``client_apply`` may add a statistic of

@@ -9,7 +9,7 @@ stack: the last encoder on the client is the first decoder at the server), so th
 every algorithm: this is where clipping, noise, quantisation, compression and
 secure-aggregation arithmetic plug in. A transform is a class with a ``Params`` dataclass (its
 config keys) registered in :data:`REGISTRY`; randomness comes from the streams of
-:mod:`rayfl.rng`, so results stay independent of placement.
+``rayfl/rng.py``, so results stay independent of placement.
 
 Beyond Δ_i a client half may use (see :class:`~rayfl.layers.ClientContext`): values its server
 half broadcasts with the model (an adaptive clip norm), a persistent client slot of its own in
@@ -131,9 +131,12 @@ def check_data(cfg, handle) -> None:
         cls.check_data(params, handle, where)
 
 
-def transforms_of(cfg, facts: Facts) -> list[Transform]:
+def transforms_of(cfg, facts: Facts | None = None) -> list[Transform]:
     """The configured transforms: ``aggregation.transforms``, the ``compression`` step and
-    DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last)."""
+    DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last);
+    ``facts`` default to the config's own (seed, rounds, clients per round, clients)."""
+    if facts is None:
+        facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, cfg.data.num_clients)
     steps: list[Transform] = [cls(params, facts) for _, cls, params in _configured(cfg)]
     if cfg.privacy is not None:
         from rayfl.transforms.dp import GaussianDP
