@@ -147,8 +147,8 @@ def from_dict(raw: dict) -> Config:
     from rayfl.algorithms import legacy
 
     legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
-    cfg.algorithm.component().check_config(cfg.algorithm.params, cfg)
-    cfg.selection.component().check_config(cfg.selection.params, cfg)
+    cfg.algorithm.component().check_config(cfg.algorithm.params, cfg, "algorithm")
+    cfg.selection.component().check_config(cfg.selection.params, cfg, "selection")
     from rayfl import compat
     from rayfl.algorithms import wrapper
     from rayfl.transforms import check_run

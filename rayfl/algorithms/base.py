@@ -275,9 +275,9 @@ class Algorithm:
         return (steps - rho * (1 - rho**steps) / (1 - rho)) / (1 - rho)
 
     @classmethod
-    def check_config(cls, params: Any, cfg: Any) -> None:
-        """Rules on its own hyper-parameters that involve other sections (raise ConfigError);
-        what its traits say is checked by :mod:`rayfl.compat`."""
+    def check_config(cls, params: Any, cfg: Any, where: str) -> None:
+        """Rules on its own hyper-parameters (keys ``{where}.KEY``) that involve other sections
+        (raise ConfigError); what its traits say is checked by :mod:`rayfl.compat`."""
 
     @classmethod
     def check_model(cls, params: Any, layout: Any, handle: Any) -> None:

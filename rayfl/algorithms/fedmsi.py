@@ -202,12 +202,12 @@ class FedMSI(Algorithm):
         search_space={"algorithm.beta": {"low": 0.3, "high": 1.0}})
 
     @classmethod
-    def check_config(cls, params: FedMSIParams, cfg) -> None:
+    def check_config(cls, params: FedMSIParams, cfg, where: str) -> None:
         trainable = cfg.data.num_clients - cfg.data.validation_clients
         if trainable > params.dense_max_clients and params.knn >= trainable:
-            raise schema.ConfigError("algorithm.knn", params.knn,
+            raise schema.ConfigError(f"{where}.knn", params.knn,
                                      f"fewer than the {trainable} training clients (the kNN "
-                                     "graph is used above algorithm.dense_max_clients)")
+                                     f"graph is used above {where}.dense_max_clients)")
 
     # ----- set-up ------------------------------------------------------------------------
     def client_setup(self, x, y) -> Vec:

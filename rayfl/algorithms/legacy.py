@@ -79,6 +79,10 @@ def check(cfg: Any) -> None:
             _refuse("algorithm.name", cfg.algorithm.name, ["server_update(state, agg, t)"],
                     {"server_update(state, agg, t)": "server_update(x, state, agg, srv) "
                                                      "returning (x, state, metrics)"})
+        if _arity(cls.check_config) == 2:  # a classmethod: (params, cfg) in 0.1
+            _refuse("algorithm.name", cfg.algorithm.name, ["check_config(params, cfg)"],
+                    {"check_config(params, cfg)": "check_config(params, cfg, where), its keys "
+                                                  "named f'{where}.KEY'"})
     for i, entry in enumerate(cfg.wrappers):
         wcls = entry.component()
         if isinstance(wcls, type) and issubclass(wcls, ServerWrapper):

@@ -61,5 +61,6 @@ class Selector:
         """Restore :meth:`state` from a checkpoint."""
 
     @classmethod
-    def check_config(cls, params: Any, cfg: Any) -> None:
-        """A ConfigError for settings this selector cannot honour (default: none)."""
+    def check_config(cls, params: Any, cfg: Any, where: str) -> None:
+        """A ConfigError (on ``where``'s keys) for settings this selector cannot honour
+        (default: none)."""

@@ -49,9 +49,9 @@ class PowerOfChoice(Selector):
         return candidates[np.argsort(-scores, kind="stable")[:m]]
 
     @classmethod
-    def check_config(cls, params, cfg) -> None:
+    def check_config(cls, params, cfg, where: str) -> None:
         drawn = math.ceil(round(cfg.clients_per_round * cfg.availability.overcommit, 9))
         if params.candidates is not None and params.candidates < drawn:
-            raise ConfigError("selection.candidates", params.candidates,
+            raise ConfigError(f"{where}.candidates", params.candidates,
                               f"at least the {drawn} clients a round samples (clients_per_round "
                               "× availability.overcommit)")
