@@ -23,7 +23,7 @@ def test_site_builds_strict(tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
-    for name in ("rayfl.run", "rayfl.algorithms.base.Algorithm.client_end",
+    for name in ("rayfl.run", "rayfl.algorithms.base.Algorithm.client_train",
                  "rayfl.algorithms.base.LocalRule", "rayfl.register_algorithm"):
         assert f'id="{name}"' in api, name
     keys = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
@@ -42,13 +42,14 @@ def _check_api_page(api: str) -> None:
     assert not missing, missing
     text = re.sub(r"<[^>]+>", "", api)
     assert not re.findall(r":(?:class|func|meth|mod|attr|data|exc|obj):", text)
-    for kind in ("algorithm", "model", "dataset", "availability", "selector", "wrapper"):
+    for kind in ("algorithm", "model", "dataset", "availability", "selector", "wrapper",
+                 "server_opt"):
         heading = re.sub(r"\s+", "", text[text.index(f"rayfl.register_{kind}"):][:400])
         assert re.match(rf"rayfl\.register_{kind}\(\w+:C\|None=None,\*,name:str\|None=None\)",
                         heading), heading
     links = re.findall(r'<a class="autorefs autorefs-internal"(?: title="[^"]*")? href="#([^"]+)"',
                        api)
-    assert "rayfl.algorithms.base.Algorithm.client_end" in links  # :meth:`client_end`
+    assert "rayfl.algorithms.base.Algorithm.client_train" in links  # :meth:`...client_train`
     assert all(f'id="{target}"' in api for target in links)
 
 
@@ -92,7 +93,8 @@ def test_sphinx_roles_become_links_resolved_from_their_scope():
         griffe_roles.SphinxRoles))
     base = pkg["algorithms.base"]
     # a method named in the module's docstring, a name imported where the docstring is
-    assert "[`client_end`][rayfl.algorithms.base.Algorithm.client_end]" in base.docstring.value
+    assert "[`Algorithm.client_train`][rayfl.algorithms.base.Algorithm.client_train]" in \
+        base.docstring.value
     assert "[`Config`][rayfl.config.Config]" in pkg["simulation.run"].docstring.value
 
 

@@ -111,16 +111,19 @@ def build(name: str, lr: float, momentum_: float = 0.9, nesterov: bool = False,
         lr, beta1=beta1, beta2=beta2, tau=tau, v_init=v0)
 
 
-def _of(name: str) -> Callable[[Any, float], ServerOpt]:
+def _of(name: str, rule: str) -> Callable[[Any, float], ServerOpt]:
     """The built-in ``name`` as a component: (the ``server_opt`` section, lr) -> ServerOpt."""
     def component(section: Any, lr: float) -> ServerOpt:
         return build(name, lr, section.momentum, section.nesterov, section.beta1,
                      section.beta2, section.tau, section.v_init)
 
     component.__name__ = component.__qualname__ = f"{name}_of"
-    component.__doc__ = f"The built-in ``{name}`` server optimiser of a ``server_opt`` section."
+    component.__doc__ = f"{rule} (keys of the server_opt section)."
     return component
 
 
-sgd_of, momentum_of, adam_of, yogi_of, adagrad_of = (
-    _of(n) for n in ("sgd", "momentum", "adam", "yogi", "adagrad"))
+sgd_of = _of("sgd", "step = η_g D")
+momentum_of = _of("momentum", "m ← β m + D; step = η_g m, Nesterov η_g (D + β m)")
+adam_of = _of("adam", "FedAdam: v ← β2 v + (1 − β2) u², step = −η_g m / (√v + τ), u = −D")
+yogi_of = _of("yogi", "FedYogi: v ← v − (1 − β2) u² sign(v − u²)")
+adagrad_of = _of("adagrad", "FedAdagrad: v ← v + u²")
