@@ -19,21 +19,27 @@ import math
 import numpy as np
 
 from rayfl.availability.base import DROPOUT, SAMPLE, STRAGGLE, RoundPlan
+from rayfl.availability.checked import CheckedAvailability
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import Devices
 from rayfl.availability.labels import LabelStats
+from rayfl.contract import calling, name_of
 from rayfl.selection import SelectionConfig, SelectionContext
+from rayfl.selection.checked import CheckedSelector
 
 
 class Sampler:
-    """Plans every round; keeps the virtual clock when the caller does not pass it."""
+    """Plans every round; keeps the virtual clock when the caller does not pass it. The
+    availability model and the selector are called through their checked contracts
+    (:mod:`rayfl.availability.checked`, :mod:`rayfl.selection.checked`)."""
 
     def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
                  clients_per_round: int, seed: int, spec, model_bytes: int = 0,
                  poisson_rate: float | None = None, upload_bytes: float | None = None,
                  selection=None):
-        self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
+        self.cfg, self.stats, self.spec = cfg, stats, spec
         self.sizes, self.n = sizes, len(sizes)
+        self.model = CheckedAvailability(model, self.n)
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
         self.upload_bytes = model_bytes if upload_bytes is None else upload_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
@@ -41,8 +47,10 @@ class Sampler:
         self.clock = 0.0
         self.poisson_rate = poisson_rate  # each online client joins with this probability
         selection = selection or SelectionConfig()
-        self.selector = selection.component()(
-            selection.params, SelectionContext(sizes, seed, self.round_duration))
+        cls = selection.component()
+        with calling(name_of(cls, "__init__")):
+            selector = cls(selection.params, SelectionContext(sizes, seed, self.round_duration))
+        self.selector = CheckedSelector(selector, self.n)
 
     def times(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(K_i, transfer seconds, seconds per step) of each of ``clients``."""

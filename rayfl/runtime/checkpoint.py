@@ -62,6 +62,36 @@ def _encode(obj, tensors: list[torch.Tensor]):
                     f"{type(obj).__name__}")
 
 
+def unencodable(obj, where: str = "") -> str | None:
+    """What in ``obj`` a checkpoint cannot hold (the types :func:`_encode` takes: tensors,
+    arrays, numbers, strings, None, lists, tuples and str-keyed dicts of them), or None; read
+    without copying anything."""
+    if obj is None or isinstance(obj, (torch.Tensor, np.ndarray, np.generic, bool, int, float,
+                                       str)):
+        if isinstance(obj, np.ndarray) and not _tensor_dtype(obj.dtype):
+            return f"a {obj.dtype} array{where and f' at {where}'}"
+        return None
+    if isinstance(obj, (list, tuple)):
+        return next((p for i, v in enumerate(obj) if (p := unencodable(v, f"{where}[{i}]"))),
+                    None)
+    if isinstance(obj, dict):
+        key = next((k for k in obj if not isinstance(k, str)), None)
+        if key is not None:
+            return f"the non-string key {key!r}{where and f' in {where}'}"
+        return next((p for k, v in obj.items() if (p := unencodable(v, f"{where}[{k!r}]"))),
+                    None)
+    return f"{type(obj).__name__}{where and f' at {where}'}"
+
+
+def _tensor_dtype(dtype: np.dtype) -> bool:
+    """Whether torch holds arrays of ``dtype`` (not objects or strings)."""
+    try:
+        torch.from_numpy(np.empty(0, dtype=dtype))
+        return True
+    except TypeError:
+        return False
+
+
 def _decode(obj, tensors: list[torch.Tensor]):
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
