@@ -23,7 +23,7 @@ from rayfl.data import prepare
 from rayfl.data.regime import check_regime
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
-from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
+from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
@@ -161,7 +161,9 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     """
     t, total = info["round"], info["rounds"]
     parts = [f"round {t}/{total}"]
-    if "train_loss" in info:
+    if (note := empty_note(info)) is not None:
+        parts.append(note)
+    elif "train_loss" in info:
         parts.append(f"loss {info['train_loss']:.4f}")
     if info.get("test_accuracy") is not None:
         parts.append(f"acc {100 * info['test_accuracy']:.2f}%")
@@ -245,6 +247,9 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     if summary.get("diverged"):  # said even with --quiet: the run did not do what was asked
         print(f"rayfl: run diverged in round {summary['diverged_at_round']} "
               f"({summary.get('diverged_reason')}); stopped; see {run_dir}", file=sys.stderr)
+    if summary.get("stopped"):  # the same: rounds without a client, not a result
+        print(f"rayfl: run stopped in round {summary['stopped_at_round']}: "
+              f"{summary['stopped']}; see {run_dir}", file=sys.stderr)
     return load_result(run_dir)
 
 

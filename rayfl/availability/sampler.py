@@ -88,6 +88,7 @@ class Sampler:
         finish = comm + steps * step_s
         report = finish if cfg.deadline_s is None else np.minimum(finish, cfg.deadline_s)
         here = self.model.online_at(alive, start + report)
+        offline = 0 if here is None else int(np.count_nonzero(~here))
         if here is not None:  # offline when it would report: lost (FedScale)
             alive, steps, comm, step_s, finish = (a[here] for a in (alive, steps, comm, step_s,
                                                                      finish))
@@ -100,6 +101,7 @@ class Sampler:
         if late.any():  # partial: the steps that fit before the deadline, after the transfers
             budget[late] = 0 if cfg.deadline_policy == "drop" else np.floor(
                 (cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
+        idle = budget == 0  # cut by the deadline (or no step to take), before any straggler
         slow = self._stragglers(t, steps, budget)
         done = np.flatnonzero(budget > 0)
         done = done[np.argsort(kept[done])]  # dispatched in ascending client order
@@ -113,9 +115,33 @@ class Sampler:
                    "virtual_round_s": duration, "virtual_time_s": self.clock}
         if len(clients):
             metrics["label_tv"] = self.stats.tv(clients)
+        else:
+            metrics["empty_reason"] = self._why_empty(n_online, m, {
+                "dropped out": int(np.count_nonzero(failed)),
+                "went offline before reporting": offline,
+                "missed the deadline": int(np.count_nonzero(idle & late)),
+                "had no step to take": int(np.count_nonzero(idle & ~late & (steps == 0))),
+                "straggled": int(np.count_nonzero(slow & ~idle))})
         return RoundPlan(clients=clients, step_budget=budget if partial else None,
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
+
+    def _why_empty(self, online: int, sampled: int, lost: dict[str, int]) -> str:
+        """Why no client of a round completed: nobody online, none sampled, or what became of
+        the sampled ones (``lost``: how many dropped out, went offline, missed the deadline,
+        had no step to take or straggled)."""
+        if online == 0:
+            return "no client online"
+        if sampled == 0:
+            return f"Poisson sampling drew none of the {online} online clients"
+        cfg = self.cfg
+        settings = {"dropped out": f"availability.dropout = {cfg.dropout:g}",
+                    "missed the deadline": f"availability.deadline_s = {cfg.deadline_s or 0:g} s",
+                    "straggled": f"availability.stragglers = {cfg.stragglers:g}, deadline_policy "
+                                 "drop"}
+        return f"of {sampled} sampled: " + ", ".join(
+            f"{n} {what}" + (f" ({settings[what]})" if what in settings else "")
+            for what, n in lost.items() if n)
 
     def _stragglers(self, t: int, steps: np.ndarray, budget: np.ndarray) -> np.ndarray:
         """FedProx's stragglers among the kept clients: ``round(stragglers · kept)`` of them,
