@@ -345,6 +345,10 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = sigterm_as_interrupt()
     try:
+        if hasattr(args, "overrides"):
+            from rayfl.config import check_given_once
+
+            check_given_once(args.overrides)
         return args.fn(args)
     except ConfigError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
