@@ -296,7 +296,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
 
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
            on_round=None) -> RunResult:
-    """Continue a run from its last checkpoint (from scratch if it never wrote one).
+    """Continue a run from its last checkpoint (from scratch if it never committed one).
 
     Refused while another process writes the run, and when ``config.yaml`` was edited in a key
     that can change results (see :mod:`rayfl.rundir`)."""
@@ -307,9 +307,10 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     _check_max_rounds(max_rounds)
     cfg = config_mod.load(path)
     location = storage.run_location(cfg, run_dir)
-    has_checkpoint = checkpoint.exists(location)
-    if has_checkpoint:
-        checkpoint.verify(location)  # damaged or incomplete: a clear error before Ray starts
+    # damaged, incomplete or lost though one was committed: a clear error before Ray starts
+    has_checkpoint = checkpoint.resume_point(location, run_dir)
+    if not has_checkpoint and not quiet:
+        print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     rundir.check_metrics(run_dir)
     _check_local_ray(cfg)
