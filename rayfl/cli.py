@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunStopped as e:
         print(f"rayfl: run stopped: {e}", file=sys.stderr)
+        if e.frames:
+            print(e.frames, file=sys.stderr)
         return 1
     except RayStartError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
+from rayfl import failures
 from rayfl.algorithms.checks import check_buffers, check_model
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
@@ -99,8 +100,11 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
 
 
 class RunStopped(RuntimeError):
-    """The run could not go on (a dead server, lost client actors); its last checkpoint is
-    intact and ``rayfl resume`` continues it."""
+    """The run could not go on (a dead server, lost client actors, an error in the server);
+    the message says whether a checkpoint is there for ``rayfl resume`` to continue from, and
+    ``frames`` holds the user's own frames of an error, if any."""
+
+    frames: str = ""
 
 
 def _cause(e: Exception) -> Exception:
@@ -124,6 +128,7 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
     seen, stopping, started, eta = 0, False, False, Eta()
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
+        rows: list[dict] = []
         try:
             # the first answer waits for the server's start-up; later ones must be prompt
             rows = ray.get(server.progress.remote(seen), timeout=timeout_s if started else None)
@@ -132,16 +137,16 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
                 summary = ray.get(ref)
         except ray.exceptions.GetTimeoutError:
             raise RunStopped(f"the server actor has not answered for {timeout_s:g} s "
-                             f"(runtime.actor_timeout_s); continue with: rayfl resume {run_dir}"
+                             f"(runtime.actor_timeout_s); {failures.continue_hint(run_dir)}"
                              ) from None
         except ActorsLost as e:
-            raise RunStopped(f"{_cause(e)}; the last checkpoint is intact; continue with: rayfl "
-                             f"resume {run_dir}") from None
-        except ray.exceptions.RayActorError:
-            raise RunStopped(f"the server actor died after round {seen}; the last checkpoint is "
-                             f"intact; continue with: rayfl resume {run_dir}") from None
+            raise RunStopped(f"{_cause(e)}; {failures.continue_hint(run_dir)}") from None
+        except ray.exceptions.RayActorError as e:
+            raise failures.server_died(e, run_dir, seen + len(rows)) from None
         except StorageError as e:
             raise _write_failed(e, run_dir) from None
+        except ray.exceptions.RayTaskError as e:  # the user's own error, else one line
+            raise failures.server_failed(e, run_dir, seen + len(rows)) from None
         seen += len(rows)
         for info in rows:
             if not quiet:

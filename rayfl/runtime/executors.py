@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rayfl.failures import unwrapped
 from rayfl.runtime.loop import balance
 
 
@@ -62,6 +63,8 @@ class RayExecutor:
         except ray.exceptions.RayActorError as e:
             raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
                              f"{self.max_restarts} times ({type(e).__name__})") from None
+        except ray.exceptions.RayTaskError as e:  # a user's ComponentError: itself, not Ray's
+            raise unwrapped(e) from None
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
         import ray
