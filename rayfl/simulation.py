@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
-from rayfl import failures
+from rayfl import failures, preflight
 from rayfl.algorithms.checks import check_buffers, check_model
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
@@ -193,6 +193,7 @@ def _prepare(cfg: Config):
     check_regime(cfg.data, handle)
     check_single_rows(model, handle, cfg.local.batch_size)
     check_files(cfg.availability, handle.num_clients)
+    preflight.run(cfg, handle)  # each of the user's components once, nothing written
     return handle
 
 
