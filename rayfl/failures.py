@@ -25,6 +25,7 @@ CLEAR = (ComponentError, ConfigError)  # errors that already say what is wrong, 
 _RAY_COPY = re.compile(r'File "[^"]*/runtime_resources/py_modules_files/_ray_pkg_[0-9a-f]+/'
                        r'([^"]+)"')
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in .*$')
+_QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*: )")  # package.module.Error: ...
 
 
 def remote_cause(e: BaseException) -> BaseException:
@@ -116,9 +117,10 @@ def server_died(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     its process ended mid-run (resumable only from a checkpoint)."""
     from rayfl.simulation import RunStopped
 
-    if getattr(e, "actor_init_failed", False):
+    if getattr(e, "actor_init_failed", False):  # Ray keeps only the text of its traceback
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        stopped = RunStopped(f"the server actor could not start: {lines[-1] if lines else e}")
+        last = _QUALIFIED.sub(r"\1", lines[-1]) if lines else type(e).__name__
+        stopped = RunStopped(f"the server actor could not start: {last}")
         stopped.frames = user_frames_of(str(e))
         return stopped
     return RunStopped(f"the server actor died in round {rounds_seen + 1} (its process ended: "
