@@ -120,6 +120,7 @@ def server_died(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     if getattr(e, "actor_init_failed", False):  # Ray keeps only the text of its traceback
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         last = _QUALIFIED.sub(r"\1", lines[-1]) if lines else type(e).__name__
+        last = re.sub(r"^(ComponentError|ConfigError): ", "", last)  # they name what failed
         stopped = RunStopped(f"the server actor could not start: {last}")
         stopped.frames = user_frames_of(str(e))
         return stopped

@@ -381,3 +381,19 @@ def test_resume_is_advised_only_with_a_checkpoint_to_continue_from(paused, tmp_p
         wrapped = RayTaskError("Server.run", "Traceback ...\nKeyError: 'x'", e)
     stopped = failures.server_failed(wrapped, str(paused), 0)
     assert str(stopped) == f"KeyError in round 1: 'x'; see {paused}"
+
+
+def test_a_server_that_could_not_start_says_why_in_one_line():
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from rayfl import failures
+
+    text = (f'Traceback (most recent call last):\n  File "{ROOT}/tests/components_bad.py", line 9, '
+            'in load_state\n    return {}["x"]\nrayfl.contract.ComponentError: '
+            f"{BAD}:X.load_state: raised KeyError: 'x'\n")
+    stopped = failures.server_died(ActorDiedError(RayTaskError("Server.__init__", text,
+                                                               KeyError("x"))), "/nowhere", 0)
+    assert str(stopped) == (f"the server actor could not start: {BAD}:X.load_state: raised "
+                            "KeyError: 'x'")
+    assert stopped.frames.splitlines() == [f'  File "{ROOT}/tests/components_bad.py", line 9, in '
+                                           'load_state', '    return {}["x"]']
