@@ -87,7 +87,8 @@ PREFLIGHT = [
     ([MODEL + "FrozenOnly"], "with no trainable parameters"),
     ([MODEL + "TupleOut"], f"{BAD}:TupleOut.forward: returned a tuple of 2 for a batch of 2"),
     ([MODEL + "DictOut"], f"{BAD}:DictOut.forward: returned a dict"),
-    ([MODEL + "TwiceTheClasses"], "config key 'model.name'", "output shape (2, 8)"),
+    ([MODEL + "TwiceTheClasses"], f"{BAD}:TwiceTheClasses.forward: returned scores of shape "
+                                  "(2, 8) for a batch of 2; expected (2, 4)"),
     ([MODEL + "IntScores"], f"{BAD}:IntScores.forward: returned an int64 tensor",
      "floating-point"),
     ([MODEL + "NanOnRealData"], f"{BAD}:NanOnRealData.forward: returned non-finite scores",

@@ -154,8 +154,13 @@ def _check_scores(model_cfg, model, handle, batch, what: str) -> None:
         raise ComponentError(forward, f"returned {describe(out)} for {what}; expected one "
                              f"tensor of scores of shape {expected}")
     if tuple(out.shape) != expected:
-        raise ConfigError("model.name", model_cfg.name, _takes(
-            handle, f"output shape {tuple(out.shape)} for {what}, not {expected}"))
+        shape = f"output shape {tuple(out.shape)} for {what}, not {expected}"
+        if registry.is_builtin("model", model_cfg.name):  # a built-in on data it cannot read
+            raise ConfigError("model.name", model_cfg.name, _takes(handle, shape))
+        raise ComponentError(forward, f"returned scores of shape {tuple(out.shape)} for {what}; "
+                             f"expected {expected}: one per class of the data "
+                             f"({handle.num_classes}, given to the builder as num_classes)" +
+                             (" and position" if handle.label_len else ""))
     if not out.is_floating_point():
         raise ComponentError(forward, f"returned {describe(out)} for {what}; expected floating-"
                              "point scores")
