@@ -352,17 +352,19 @@ def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local)
         def train(self, *args):
             raise ComponentError("pkg.mod:Algo.client_train", "returned a str", 0, 3)
 
-    name = f"broken-{uuid.uuid4().hex}"
-    actor = Broken.options(name=name).remote()
-    try:
-        executor = RayExecutor([name], np.ones(4, dtype=np.int64))
+    names = [f"broken-{uuid.uuid4().hex}" for _ in range(2)]
+    actors = [Broken.options(name=name).remote() for name in names]
+    try:  # both actors fail: the error of one is raised, the other's read (not left to Ray)
+        executor = RayExecutor(names, np.ones(4, dtype=np.int64))
         with pytest.raises(ComponentError) as info:
-            executor.run(0, {"x": torch.zeros(2)}, 0.1, [(0, [(3, 1.0, -1, None)])], None,
-                         np.array([3]))
+            executor.run(0, {"x": torch.zeros(2)}, 0.1, [(0, [(3, 1.0, -1, None)]),
+                                                         (1, [(2, 1.0, -1, None)])], None,
+                         np.array([2, 3]))
         assert type(info.value) is ComponentError  # itself, not Ray's wrapper of it
         assert str(info.value) == "pkg.mod:Algo.client_train (round 1, client 3): returned a str"
     finally:
-        ray.kill(actor)
+        for actor in actors:
+            ray.kill(actor)
 
 
 def test_resume_is_advised_only_with_a_checkpoint_to_continue_from(paused, tmp_path):

@@ -64,6 +64,11 @@ class RayExecutor:
             raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
                              f"{self.max_restarts} times ({type(e).__name__})") from None
         except ray.exceptions.RayTaskError as e:  # a user's ComponentError: itself, not Ray's
+            for ref in refs:  # every other actor's error read too: Ray logs an unread one
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
             raise unwrapped(e) from None
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
