@@ -16,6 +16,12 @@ from rayfl.simulation import RunStopped
 from rayfl.usage import OneLineParser
 
 DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)
+NO_CLIENTS = 4  # exit status of a run stopped because its rounds completed no client
+
+
+def exit_status(summary: dict) -> int:
+    """0 for a run that did what was asked; DIVERGED or NO_CLIENTS for one that stopped."""
+    return DIVERGED if summary.get("diverged") else NO_CLIENTS if summary.get("stopped") else 0
 
 
 def _cmd_run(args) -> int:
@@ -28,7 +34,7 @@ def _cmd_run(args) -> int:
                  max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
-    return DIVERGED if result.summary.get("diverged") else 0
+    return exit_status(result.summary)
 
 
 def _cmd_resume(args) -> int:
@@ -37,7 +43,7 @@ def _cmd_resume(args) -> int:
     result = resume(args.run_dir, quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
-    return DIVERGED if result.summary.get("diverged") else 0
+    return exit_status(result.summary)
 
 
 def _cmd_fork(args) -> int:
@@ -47,7 +53,7 @@ def _cmd_fork(args) -> int:
                   quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
-    return DIVERGED if result.summary.get("diverged") else 0
+    return exit_status(result.summary)
 
 
 def _cmd_compare(args) -> int:
@@ -133,8 +139,10 @@ def _print_summary(s: dict) -> None:
         return
     acc = s.get("final_accuracy")
     acc_s = "n/a" if acc is None else f"{100 * acc:.2f}%"
-    print(f"done: {s['algorithm']} | {s['rounds']} rounds | final accuracy {acc_s} | "
-          f"wall {s['wall_time_s']:.1f} s | model_sha256 {s['model_sha256'][:16]}…")
+    empty = f" ({s['empty_rounds']} without a completed client)" if s.get("empty_rounds") else ""
+    print(f"{'stopped' if s.get('stopped') else 'done'}: {s['algorithm']} | {s['rounds']} "
+          f"rounds{empty} | final accuracy {acc_s} | wall {s['wall_time_s']:.1f} s | "
+          f"model_sha256 {s['model_sha256'][:16]}…")
 
 
 #: the component kinds besides algorithms whose own keys ``rayfl keys --KIND NAME`` lists
@@ -351,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
 
     previous = sigterm_as_interrupt()
     try:
+        if hasattr(args, "overrides"):
+            from rayfl.config import check_given_once
+
+            check_given_once(args.overrides)
         return args.fn(args)
     except ConfigError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
@@ -362,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunStopped as e:
         print(f"rayfl: run stopped: {e}", file=sys.stderr)
+        if e.frames:
+            print(e.frames, file=sys.stderr)
         return 1
     except RayStartError as e:
         print(f"rayfl: error: {e}", file=sys.stderr)

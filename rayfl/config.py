@@ -127,6 +127,13 @@ class Config:
             raise ConfigError("eval.clients", self.eval.clients,
                               "0 unless data.client_holdout > 0 (the clients' held-out rows it "
                               "scores on)")
+        if self.eval.finetune_steps and not self.eval.clients:
+            raise ConfigError("eval.finetune_steps", self.eval.finetune_steps,
+                              "0 unless eval.clients > 0 (the fine-tuned model is scored only "
+                              "by the per-client evaluation, on data.client_holdout rows)")
+        if self.eval.finetune_lr is not None and not self.eval.finetune_steps:
+            raise ConfigError("eval.finetune_lr", self.eval.finetune_lr,
+                              "null unless eval.finetune_steps > 0 (it is those steps' rate)")
         if self.runtime.num_actors > self.runtime.logical_shards:
             raise ConfigError("runtime.num_actors", self.runtime.num_actors,
                               f"at most runtime.logical_shards = {self.runtime.logical_shards}")
@@ -207,6 +214,24 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         key, text = item.split("=", 1)
         set_key(raw, key.strip(), _parse_value(key, text), text)
     return raw
+
+
+def check_given_once(overrides: list[str]) -> None:
+    """Overrides typed on a command line: none may be undone by a later one — the same key
+    twice (``rounds=2 rounds=3``), or a section after one of its keys (``local.lr=0.1
+    local={...}``) — a ConfigError naming the key; a key inside a section given before it
+    refines that section and is fine. (Python callers compose override lists, later ones
+    winning, and are not checked.)"""
+    given: dict[str, str] = {}
+    for item in overrides:
+        key, _, text = item.partition("=")
+        key = key.strip()
+        for earlier, value in given.items():
+            if earlier == key or earlier.startswith(key + "."):
+                raise ConfigError(earlier, text, f"each key once on the command line ({earlier}="
+                                  f"{value}, then {key}={text}: the later would silently replace "
+                                  "the earlier)")
+        given[key] = text
 
 
 def set_key(raw: dict, key: str, value: Any, text: Any = None) -> None:

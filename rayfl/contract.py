@@ -79,11 +79,16 @@ def calling(component: str, round: int | None = None, client: int | None = None
             ) -> Iterator[None]:
     """Run a call into the user's ``component``: an exception it raises becomes a
     :class:`ComponentError` naming the component, the round and the client, carrying the user's
-    frames (a :class:`ComponentError` raised inside gets the round and client filled in)."""
+    frames (a :class:`ComponentError` raised inside gets the round and client filled in; a
+    :class:`~rayfl.schema.ConfigError` names a key already and passes unchanged)."""
+    from rayfl.schema import ConfigError
+
     try:
         yield
     except ComponentError as e:
         raise e.at(round, client) from None
+    except ConfigError:
+        raise
     except Exception as e:  # noqa: BLE001 - the user's code may raise anything
         problem = f"raised {type(e).__name__}: {e}" if str(e) else f"raised {type(e).__name__}"
         raise ComponentError(component, problem, round, client,

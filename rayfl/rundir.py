@@ -19,11 +19,11 @@ from rayfl.schema import ConfigError
 
 LOCK = ".lock"
 FINGERPRINT = "fingerprint.json"
-# keys that cannot change a run's results (where it runs and where files go); every other key
-# does. runtime.logical_shards is not among them: it fixes the order of the sums; nor are
+# keys that cannot change a run's results (where it runs and where files go; when a run of
+# empty rounds stops it: raised, a stopped run resumes); every other key does. runtime.logical_shards is not among them: it fixes the order of the sums; nor are
 # runtime.storage and name, which say where the run's checkpoints and client state are.
 NEUTRAL = ("runtime.", "output_dir", "data.root", "data.fetch", "data.cache_dir",
-           "checkpoint.every", "checkpoint.keep")
+           "checkpoint.every", "checkpoint.keep", "availability.max_empty_rounds")
 NEUTRAL_EXCEPT = ("runtime.logical_shards", "runtime.storage")
 
 
@@ -162,8 +162,8 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
         raise ConfigError(", ".join(differ), os.path.join(run_dir, "config.yaml"),
                           f"the values the run started with ({shown}); on resume only "
                           "runtime.* (not logical_shards or storage), output_dir, data.root, "
-                          "data.fetch, data.cache_dir, checkpoint.every and checkpoint.keep may "
-                          "change")
+                          "data.fetch, data.cache_dir, checkpoint.every, checkpoint.keep and "
+                          "availability.max_empty_rounds may change")
 
 
 def check_metrics(run_dir: str) -> None:

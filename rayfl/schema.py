@@ -146,6 +146,17 @@ def _check_bounds(f: dataclasses.Field, value: Any, key: str) -> None:
         raise ConfigError(key, value, f"a value in {left}{lo_s}, {hi_s}{right}")
 
 
+def _check_default(cls: type, f: dataclasses.Field, tp: Any, key: str) -> None:
+    """A default is held to its field's type and bounds like a value given explicitly (a
+    component's ``Params`` declaring 5.0 with ``hi=1.0`` is refused, not run)."""
+    try:
+        _check_bounds(f, _coerce(tp, f.default, key), key)
+    except ConfigError as e:
+        raise ConfigError(key, f.default, f"{e.expected} (this is the default "
+                          f"{cls.__module__}:{cls.__qualname__} declares, outside its own "
+                          "type or bounds: give the key a value)") from None
+
+
 def build(cls: type, data: Any, prefix: str = "") -> Any:
     """Validate ``data`` (a mapping) into the dataclass ``cls``; unknown keys are errors.
 
@@ -184,6 +195,8 @@ def build_fields(cls: type, data: Any, prefix: str = "") -> Any:
             kwargs[name] = build(hints[name], {}, key)  # a nested section at its defaults
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ConfigError(key, None, f"a value ({_describe(hints[name])}); this key is required")
+        elif f.default is not dataclasses.MISSING:
+            _check_default(cls, f, hints[name], key)
     obj = cls(**kwargs)
     check = getattr(obj, "check", None)
     if check is not None:

@@ -16,15 +16,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
+from rayfl import algorithms, compat, failures, preflight
 from rayfl.algorithms.checks import check_model
-from rayfl import algorithms, compat
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.data import prepare
 from rayfl.data.regime import check_regime
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
-from rayfl.metrics.progress import (Eta, endpoints_line, hms, resume_hint,
+from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
@@ -100,8 +100,11 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
 
 
 class RunStopped(RuntimeError):
-    """The run could not go on (a dead server, lost client actors); its last checkpoint is
-    intact and ``rayfl resume`` continues it."""
+    """The run could not go on (a dead server, lost client actors, an error in the server);
+    the message says whether a checkpoint is there for ``rayfl resume`` to continue from, and
+    ``frames`` holds the user's own frames of an error, if any."""
+
+    frames: str = ""
 
 
 def _cause(e: Exception) -> Exception:
@@ -125,6 +128,7 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
     seen, stopping, started, eta = 0, False, False, Eta()
     while True:
         done, _ = ray.wait([ref], timeout=0.5)
+        rows: list[dict] = []
         try:
             # the first answer waits for the server's start-up; later ones must be prompt
             rows = ray.get(server.progress.remote(seen), timeout=timeout_s if started else None)
@@ -133,16 +137,16 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
                 summary = ray.get(ref)
         except ray.exceptions.GetTimeoutError:
             raise RunStopped(f"the server actor has not answered for {timeout_s:g} s "
-                             f"(runtime.actor_timeout_s); continue with: rayfl resume {run_dir}"
+                             f"(runtime.actor_timeout_s); {failures.continue_hint(run_dir)}"
                              ) from None
         except ActorsLost as e:
-            raise RunStopped(f"{_cause(e)}; the last checkpoint is intact; continue with: rayfl "
-                             f"resume {run_dir}") from None
-        except ray.exceptions.RayActorError:
-            raise RunStopped(f"the server actor died after round {seen}; the last checkpoint is "
-                             f"intact; continue with: rayfl resume {run_dir}") from None
+            raise RunStopped(f"{_cause(e)}; {failures.continue_hint(run_dir)}") from None
+        except ray.exceptions.RayActorError as e:
+            raise failures.server_died(e, run_dir, seen + len(rows)) from None
         except StorageError as e:
             raise _write_failed(e, run_dir) from None
+        except ray.exceptions.RayTaskError as e:  # the user's own error, else one line
+            raise failures.server_failed(e, run_dir, seen + len(rows)) from None
         seen += len(rows)
         for info in rows:
             if not quiet:
@@ -162,7 +166,9 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     """
     t, total = info["round"], info["rounds"]
     parts = [f"round {t}/{total}"]
-    if "train_loss" in info:
+    if (note := empty_note(info)) is not None:
+        parts.append(note)
+    elif "train_loss" in info:
         parts.append(f"loss {info['train_loss']:.4f}")
     if info.get("test_accuracy") is not None:
         parts.append(f"acc {100 * info['test_accuracy']:.2f}%")
@@ -188,6 +194,7 @@ def _prepare(cfg: Config):
     check_single_rows(model, handle, cfg.local.batch_size)
     check_files(cfg.availability, handle.num_clients)
     algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
+    preflight.run(cfg, handle)  # each of the user's components once, nothing written
     return handle
 
 
@@ -247,6 +254,9 @@ def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
     if summary.get("diverged"):  # said even with --quiet: the run did not do what was asked
         print(f"rayfl: run diverged in round {summary['diverged_at_round']} "
               f"({summary.get('diverged_reason')}); stopped; see {run_dir}", file=sys.stderr)
+    if summary.get("stopped"):  # the same: rounds without a client, not a result
+        print(f"rayfl: run stopped in round {summary['stopped_at_round']}: "
+              f"{summary['stopped']}; see {run_dir}", file=sys.stderr)
     return load_result(run_dir)
 
 
@@ -293,7 +303,7 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
 
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
            on_round=None) -> RunResult:
-    """Continue a run from its last checkpoint (from scratch if it never wrote one).
+    """Continue a run from its last checkpoint (from scratch if it never committed one).
 
     Refused while another process writes the run, and when ``config.yaml`` was edited in a key
     that can change results (see :mod:`rayfl.rundir`)."""
@@ -304,9 +314,10 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     _check_max_rounds(max_rounds)
     cfg = config_mod.load(path)
     location = storage.run_location(cfg, run_dir)
-    has_checkpoint = checkpoint.exists(location)
-    if has_checkpoint:
-        checkpoint.verify(location)  # damaged or incomplete: a clear error before Ray starts
+    # damaged, incomplete or lost though one was committed: a clear error before Ray starts
+    has_checkpoint = checkpoint.resume_point(location, run_dir)
+    if not has_checkpoint and not quiet:
+        print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     rundir.check_metrics(run_dir)
     _check_local_ray(cfg)

@@ -95,8 +95,8 @@ class _Log:
     def flush(self):
         self.flushed = len(self.rows)
 
-    def finish(self, model, diverged_at=None, buffers=None):
-        return {"diverged_at_round": diverged_at}
+    def finish(self, model, diverged_at=None, buffers=None, stopped=None):
+        return {"diverged_at_round": diverged_at, "stopped": stopped}
 
 
 def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
@@ -107,7 +107,8 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
 
     s = object.__new__(Server)
     s.cfg = SimpleNamespace(rounds=rounds, loss_ceiling=ceiling,
-                            eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1))
+                            eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1),
+                            availability=SimpleNamespace(max_empty_rounds=10))
     s.log, s.progress_rows, s.stop_requested = _Log(), [], False
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
     s.state = SimpleNamespace(x=torch.zeros(3))

@@ -6,6 +6,7 @@ from rayfl.availability.base import AvailabilityModel, Context, RoundPlan
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.labels import LabelStats
 from rayfl.availability.sampler import Sampler
+from rayfl.contract import calling, name_of
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
@@ -21,7 +22,9 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
     """
     stats = LabelStats(handle)
     ctx = Context(handle.num_clients, seed, handle.num_classes, stats, cfg.correlate)
-    model = cfg.component().build(cfg, ctx)
+    cls = cfg.component()
+    with calling(name_of(cls, "__init__")):  # a user's model: its own errors name it
+        model = cls.build(cfg, ctx)
     return Sampler(cfg, model, stats, handle.sizes(), clients_per_round, seed, spec, model_bytes,
                    poisson_rate, upload_bytes, selection)
 

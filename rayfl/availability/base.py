@@ -59,12 +59,16 @@ class AvailabilityModel:
         return cls(cfg.params, ctx)
 
     def online(self, t: int, now: float) -> np.ndarray | None:
+        """Who is online at virtual time ``now`` of round ``t``: None (everyone) or a mask of
+        exactly N booleans (a list or array; ids or 0/1 integers are refused, see
+        :mod:`rayfl.availability.checked`)."""
         return None
 
     def online_at(self, clients: np.ndarray, times: np.ndarray) -> np.ndarray | None:
         """Whether each of ``clients`` is online at its own virtual time ``times[i]`` (when it
-        would report; FedScale counts a client offline by then as lost). None: a client online
-        when it is dispatched stays online until it reports (models that decide per round)."""
+        would report; FedScale counts a client offline by then as lost): one boolean per client
+        asked about. None: a client online when it is dispatched stays online until it reports
+        (models that decide per round)."""
         return None
 
 

@@ -72,6 +72,13 @@ class AvailabilityConfig(registry.Named):
         None, doc="FedScale client_device_capacity pickle {id: {computation: ms per sample "
                   "(inference; training costs 3×, as FedScale), communication: kbps}}; "
                   "replaces speed_* and bandwidth_*")
+    max_empty_rounds: int = field(
+        10, doc="stop the run when this many rounds in a row complete no client (nobody "
+                "online, every sampled client dropped out, went offline or missed deadline_s), "
+                "or when every round of a shorter run did: the run ends with the reason in "
+                "summary.json (stopped) and exit status 4 instead of reporting done on the "
+                "initial model; each such round is counted (empty_rounds) and says why "
+                "(empty_reason)", lo=1)
     params: Any = field(None, doc="validated Params of the chosen availability model",
                         flatten=True)
 

@@ -19,21 +19,27 @@ import math
 import numpy as np
 
 from rayfl.availability.base import DROPOUT, SAMPLE, STRAGGLE, RoundPlan
+from rayfl.availability.checked import CheckedAvailability
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import Devices
 from rayfl.availability.labels import LabelStats
+from rayfl.contract import calling, name_of
 from rayfl.selection import SelectionConfig, SelectionContext
+from rayfl.selection.checked import CheckedSelector
 
 
 class Sampler:
-    """Plans every round; keeps the virtual clock when the caller does not pass it."""
+    """Plans every round; keeps the virtual clock when the caller does not pass it. The
+    availability model and the selector are called through their checked contracts
+    (:mod:`rayfl.availability.checked`, :mod:`rayfl.selection.checked`)."""
 
     def __init__(self, cfg: AvailabilityConfig, model, stats: LabelStats, sizes: np.ndarray,
                  clients_per_round: int, seed: int, spec, model_bytes: int = 0,
                  poisson_rate: float | None = None, upload_bytes: float | None = None,
                  selection=None):
-        self.cfg, self.model, self.stats, self.spec = cfg, model, stats, spec
+        self.cfg, self.stats, self.spec = cfg, stats, spec
         self.sizes, self.n = sizes, len(sizes)
+        self.model = CheckedAvailability(model, self.n)
         self.k, self.seed, self.model_bytes = clients_per_round, seed, model_bytes
         self.upload_bytes = model_bytes if upload_bytes is None else upload_bytes
         self.draw = math.ceil(round(clients_per_round * cfg.overcommit, 9))
@@ -41,8 +47,10 @@ class Sampler:
         self.clock = 0.0
         self.poisson_rate = poisson_rate  # each online client joins with this probability
         selection = selection or SelectionConfig()
-        self.selector = selection.component()(
-            selection.params, SelectionContext(sizes, seed, self.round_duration))
+        cls = selection.component()
+        with calling(name_of(cls, "__init__")):
+            selector = cls(selection.params, SelectionContext(sizes, seed, self.round_duration))
+        self.selector = CheckedSelector(selector, self.n)
 
     def times(self, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(K_i, transfer seconds, seconds per step) of each of ``clients``."""
@@ -80,6 +88,7 @@ class Sampler:
         finish = comm + steps * step_s
         report = finish if cfg.deadline_s is None else np.minimum(finish, cfg.deadline_s)
         here = self.model.online_at(alive, start + report)
+        offline = 0 if here is None else int(np.count_nonzero(~here))
         if here is not None:  # offline when it would report: lost (FedScale)
             alive, steps, comm, step_s, finish = (a[here] for a in (alive, steps, comm, step_s,
                                                                      finish))
@@ -92,6 +101,7 @@ class Sampler:
         if late.any():  # partial: the steps that fit before the deadline, after the transfers
             budget[late] = 0 if cfg.deadline_policy == "drop" else np.floor(
                 (cfg.deadline_s - comm[late]) / step_s[late]).clip(0)
+        idle = budget == 0  # cut by the deadline (or no step to take), before any straggler
         slow = self._stragglers(t, steps, budget)
         done = np.flatnonzero(budget > 0)
         done = done[np.argsort(kept[done])]  # dispatched in ascending client order
@@ -105,9 +115,33 @@ class Sampler:
                    "virtual_round_s": duration, "virtual_time_s": self.clock}
         if len(clients):
             metrics["label_tv"] = self.stats.tv(clients)
+        else:
+            metrics["empty_reason"] = self._why_empty(n_online, m, {
+                "dropped out": int(np.count_nonzero(failed)),
+                "went offline before reporting": offline,
+                "missed the deadline": int(np.count_nonzero(idle & late)),
+                "had no step to take": int(np.count_nonzero(idle & ~late & (steps == 0))),
+                "straggled": int(np.count_nonzero(slow & ~idle))})
         return RoundPlan(clients=clients, step_budget=budget if partial else None,
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
+
+    def _why_empty(self, online: int, sampled: int, lost: dict[str, int]) -> str:
+        """Why no client of a round completed: nobody online, none sampled, or what became of
+        the sampled ones (``lost``: how many dropped out, went offline, missed the deadline,
+        had no step to take or straggled)."""
+        if online == 0:
+            return "no client online"
+        if sampled == 0:
+            return f"Poisson sampling drew none of the {online} online clients"
+        cfg = self.cfg
+        settings = {"dropped out": f"availability.dropout = {cfg.dropout:g}",
+                    "missed the deadline": f"availability.deadline_s = {cfg.deadline_s or 0:g} s",
+                    "straggled": f"availability.stragglers = {cfg.stragglers:g}, deadline_policy "
+                                 "drop"}
+        return f"of {sampled} sampled: " + ", ".join(
+            f"{n} {what}" + (f" ({settings[what]})" if what in settings else "")
+            for what, n in lost.items() if n)
 
     def _stragglers(self, t: int, steps: np.ndarray, budget: np.ndarray) -> np.ndarray:
         """FedProx's stragglers among the kept clients: ``round(stragglers · kept)`` of them,

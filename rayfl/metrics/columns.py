@@ -22,6 +22,13 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "stragglers": ("clients", ("clients past availability.deadline_s or drawn by "
                                   "availability.stragglers (partial work or dropped, per the "
                                   "deadline policy)")),
+        "empty_rounds": ("rounds", ("rounds so far, this one included, in which no client "
+                                   "completed (the model did not move); "
+                                   "availability.max_empty_rounds of them in a row stop the "
+                                   "run")),
+        "empty_reason": ("text", ("why no client completed (only on such a round): no client "
+                                 "online, or how many sampled clients dropped out, went "
+                                 "offline before reporting or missed the deadline")),
         "virtual_round_s": ("virtual s", "duration of the round on the simulated device clock"),
         "virtual_time_s": ("virtual s", "simulated time since the start, after this round"),
         "label_tv": ("0–1", ("total-variation distance between the labels pooled over the "

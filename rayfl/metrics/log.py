@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import ray
 
 from rayfl.algorithms import wrapper
+from rayfl.availability.empty import is_empty
 from rayfl.metrics import provenance
 from rayfl.metrics.files import _plain, write_json, write_parquet
 from rayfl.metrics.live import LiveMetrics
@@ -55,12 +56,14 @@ class MetricsLog:
         write_parquet(self.rows, self.path)
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
-               buffers: np.ndarray | None = None) -> dict:
+               buffers: np.ndarray | None = None,
+               stopped: tuple[int, str] | None = None) -> dict:
         """Write the final model (``final_model.npy``, and its buffers ``final_buffers.npy``
         when it has any), the summary and the accuracy plot; return the summary.
 
         A diverged run's summary says so (``diverged``, ``diverged_at_round``, and the reason
-        the last row gives)."""
+        the last row gives); so does one ``stopped`` (loop index, reason) early because no
+        client completed its rounds (``stopped``, ``stopped_at_round``)."""
         self.flush()  # the last row's checkpoint time
         np.save(os.path.join(self.run_dir, "final_model.npy"), final_model)
         if buffers is not None:
@@ -72,6 +75,8 @@ class MetricsLog:
             summary["diverged_at_round"] = diverged_at + 1
             summary["diverged_reason"] = self.rows[-1].get("diverged_reason") if self.rows \
                 else None
+        if stopped is not None:
+            summary["stopped_at_round"], summary["stopped"] = stopped[0] + 1, stopped[1]
         summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online
@@ -86,7 +91,7 @@ class MetricsLog:
         plot_run_clients(self.run_dir, self.rows, f"{os.path.basename(self.run_dir)}: "
                                                   f"{summary['algorithm']}, per-client accuracy")
         for logger in self.loggers:
-            logger.close("FAILED" if diverged_at is not None else "FINISHED")
+            logger.close("FAILED" if diverged_at is not None or stopped else "FINISHED")
         return summary
 
 
@@ -111,6 +116,7 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
         f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))
         if accs else None,
         "evaluations": len(accs),
+        "empty_rounds": sum(map(is_empty, rows)),
         "final_test_loss": next((r["test_loss"] for r in reversed(rows) if "test_loss" in r),
                                 None),
         "target_accuracy": target,

@@ -30,6 +30,17 @@ class Eta:
         return None if m is None else m * max(remaining, 0)
 
 
+def empty_note(info: dict) -> str | None:
+    """``no client completed (no client online) | 3 empty rounds`` for the metrics row of a
+    round in which no client completed (None for any other row): the progress line shows it
+    in place of the training loss, which such a round does not have."""
+    if info.get("completed") != 0:
+        return None
+    note = f"no client completed ({info.get('empty_reason') or 'no update'})"
+    count = info.get("empty_rounds")
+    return note if count is None else f"{note} | {count} empty round{'s' * (count != 1)}"
+
+
 def hms(seconds: float) -> str:
     """``0:01:38``."""
     return str(_dt.timedelta(seconds=round(seconds)))

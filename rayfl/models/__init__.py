@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 
 from rayfl import registry
+from rayfl.contract import ComponentError, calling, describe, name_of
 from rayfl.models.flat import FlatModel, sha256_of
 from rayfl.models.rec import rec_metrics
 from rayfl.schema import ConfigError
@@ -50,10 +51,12 @@ def build_for(model_cfg, handle):
     if model_cfg.params is not None:
         kwargs.update({f.name: getattr(model_cfg.params, f.name)
                        for f in dataclasses.fields(model_cfg.params)})
-    try:
-        model = builder(tuple(handle.input_shape), handle.num_classes, **kwargs)
-    except (ValueError, TypeError, RuntimeError, IndexError) as e:
-        raise ConfigError("model.name", name, _takes(handle, e)) from None
+    with calling(name_of(builder)):  # a failure the data's shapes explain names the key
+        try:
+            model = builder(tuple(handle.input_shape), handle.num_classes, **kwargs)
+        except _DATA_ERRORS as e:
+            raise ConfigError("model.name", name, _takes(handle, e)) from None
+    check_module(model, builder)
     if model_cfg.projection is not None:
         if handle.kind != "dense":
             raise ConfigError("model.projection", model_cfg.projection,
@@ -81,33 +84,97 @@ def add_projection_head(model, dim: int):
     return model
 
 
-def _takes(handle, error: Exception) -> str:
+#: what a model raises when the data's shapes or ids do not fit it (a config mismatch, named
+#: by ``model.name``); anything else it raises is its own failure (a ComponentError)
+_DATA_ERRORS = (ValueError, TypeError, RuntimeError, IndexError)
+REAL_ROWS = 4  # rows of a real batch the pre-flight runs the model on
+
+
+def _takes(handle, error: Exception | str) -> str:
     what = " ".join(str(error).split())[:200]
+    if isinstance(error, Exception):
+        what = f"{type(error).__name__}: {what}"
     return (f"a model that takes this dataset's inputs (shape {tuple(handle.input_shape)}, "
-            f"{handle.num_classes} classes; building or running it failed: "
-            f"{type(error).__name__}: {what})")
+            f"{handle.num_classes} classes; building or running it failed: {what})")
+
+
+def check_module(model, builder) -> None:
+    """What a model builder returns is an ``nn.Module`` with trainable parameters (rayfl trains
+    and averages them): a ComponentError naming the builder otherwise."""
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise ComponentError(name_of(builder), f"returned {describe(model)}; expected a "
+                             "torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ComponentError(name_of(builder), f"returned a {type(model).__name__} with no "
+                             "trainable parameters; rayfl trains and averages a model's "
+                             "parameters")
 
 
 def check_fits(model_cfg, handle):
     """Pre-flight: the model builds for the data behind ``handle`` and maps a batch of two of
-    its inputs to one score per class (per position, for next-token labels) — a ConfigError
-    naming ``model.name`` otherwise; returns the model."""
+    its inputs, then a real batch (the first rows of the first client that has any), to one
+    finite score per class (per position, for next-token labels) — a ConfigError naming
+    ``model.name`` when its shapes do not fit the data, a ComponentError naming the user's
+    model when it breaks its contract (a tuple, non-finite scores); returns the model."""
+    import numpy as np
     import torch
 
     model = build_for(model_cfg, handle)
-    if handle.kind == "ids":
-        return model
-    dtype = torch.long if handle.kind == "tokens" else torch.float32
-    expected = (2, handle.num_classes) + ((handle.label_len,) if handle.label_len else ())
-    try:
-        with torch.no_grad():
-            out = model.eval()(torch.zeros((2, *handle.input_shape), dtype=dtype))
-    except (ValueError, TypeError, RuntimeError, IndexError) as e:
-        raise ConfigError("model.name", model_cfg.name, _takes(handle, e)) from None
-    if tuple(out.shape) != expected:
-        raise ConfigError("model.name", model_cfg.name, _takes(handle, ValueError(
-            f"output shape {tuple(out.shape)} for a batch of 2")))
+    if handle.kind != "ids":
+        dtype = torch.long if handle.kind == "tokens" else torch.float32
+        _check_scores(model_cfg, model, handle, torch.zeros((2, *handle.input_shape),
+                                                            dtype=dtype), "a batch of 2")
+    nonempty = np.flatnonzero(handle.sizes())
+    if len(nonempty):
+        reader, client = handle.open(), int(nonempty[0])
+        x, y = reader.client(client)
+        batch, _ = reader.tensors(x[:REAL_ROWS], y[:REAL_ROWS], "cpu")
+        _check_scores(model_cfg, model, handle, batch,
+                      f"a real batch ({len(batch)} rows of client {client})")
     return model
+
+
+def _check_scores(model_cfg, model, handle, batch, what: str) -> None:
+    """The model maps ``batch`` to a float tensor of one score per class (and position), finite
+    where the batch is: a ConfigError naming ``model.name`` for a shape the data does not fit,
+    a ComponentError naming the model's forward for a broken contract."""
+    import torch
+
+    forward = _forward_name(model, registry.resolve("model", model_cfg.name))
+    expected = (len(batch), handle.num_classes) + ((handle.label_len,) if handle.label_len
+                                                   else ())
+    with torch.no_grad(), calling(forward):
+        try:
+            out = model.eval()(batch)
+        except _DATA_ERRORS as e:
+            raise ConfigError("model.name", model_cfg.name, _takes(handle, e)) from None
+    if not isinstance(out, torch.Tensor):
+        raise ComponentError(forward, f"returned {describe(out)} for {what}; expected one "
+                             f"tensor of scores of shape {expected}")
+    if tuple(out.shape) != expected:
+        shape = f"output shape {tuple(out.shape)} for {what}, not {expected}"
+        if registry.is_builtin("model", model_cfg.name):  # a built-in on data it cannot read
+            raise ConfigError("model.name", model_cfg.name, _takes(handle, shape))
+        raise ComponentError(forward, f"returned scores of shape {tuple(out.shape)} for {what}; "
+                             f"expected {expected}: one per class of the data "
+                             f"({handle.num_classes}, given to the builder as num_classes)" +
+                             (" and position" if handle.label_len else ""))
+    if not out.is_floating_point():
+        raise ComponentError(forward, f"returned {describe(out)} for {what}; expected floating-"
+                             "point scores")
+    finite_input = not batch.is_floating_point() or bool(torch.isfinite(batch).all())
+    if finite_input and not bool(torch.isfinite(out).all()):  # NaN data: the data's checks
+        raise ComponentError(forward, f"returned non-finite scores (NaN or inf) for {what}")
+
+
+def _forward_name(model, builder) -> str:
+    """``module:Class.forward`` of a user's model class; for a torch container a builder
+    returned, the builder and the container's forward."""
+    if type(model).__module__.startswith("torch."):
+        return f"{name_of(builder)} ({type(model).__name__}.forward)"
+    return name_of(model, "forward")
 
 
 def check_single_rows(model, handle, batch_size: int) -> None:

@@ -81,6 +81,36 @@ def _encode(obj, tensors: list[torch.Tensor]):
                     f"{type(obj).__name__}")
 
 
+def unencodable(obj, where: str = "") -> str | None:
+    """What in ``obj`` a checkpoint cannot hold (the types :func:`_encode` takes: tensors,
+    arrays, numbers, strings, None, lists, tuples and str-keyed dicts of them), or None; read
+    without copying anything."""
+    if obj is None or isinstance(obj, (torch.Tensor, np.ndarray, np.generic, bool, int, float,
+                                       str)):
+        if isinstance(obj, np.ndarray) and not _tensor_dtype(obj.dtype):
+            return f"a {obj.dtype} array{where and f' at {where}'}"
+        return None
+    if isinstance(obj, (list, tuple)):
+        return next((p for i, v in enumerate(obj) if (p := unencodable(v, f"{where}[{i}]"))),
+                    None)
+    if isinstance(obj, dict):
+        key = next((k for k in obj if not isinstance(k, str)), None)
+        if key is not None:
+            return f"the non-string key {key!r}{where and f' in {where}'}"
+        return next((p for k, v in obj.items() if (p := unencodable(v, f"{where}[{k!r}]"))),
+                    None)
+    return f"{type(obj).__name__}{where and f' at {where}'}"
+
+
+def _tensor_dtype(dtype: np.dtype) -> bool:
+    """Whether torch holds arrays of ``dtype`` (not objects or strings)."""
+    try:
+        torch.from_numpy(np.empty(0, dtype=dtype))
+        return True
+    except TypeError:
+        return False
+
+
 def _decode(obj, tensors: list[torch.Tensor]):
     if isinstance(obj, list):
         return [_decode(v, tensors) for v in obj]
@@ -130,8 +160,7 @@ def encode(payload: dict) -> bytes:
 def decode(data: bytes, where: str) -> dict:
     """The payload in checkpoint bytes; :class:`ConfigError` naming ``where`` if damaged."""
     def bad(why: str) -> ConfigError:
-        return ConfigError("checkpoint", where, f"a complete rayfl checkpoint ({why}; delete the "
-                                                "file to restart the run from scratch)")
+        return ConfigError("checkpoint", where, f"a complete rayfl checkpoint ({why})")
 
     try:
         raw = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
@@ -242,6 +271,62 @@ def verify(location: str) -> None:
 def exists(location: str) -> bool:
     """Whether ``location`` has a committed checkpoint."""
     return Storage(location).exists(NAME)
+
+
+def resume_point(location: str, run_dir: str) -> bool:
+    """Where ``rayfl resume`` of ``run_dir`` starts: True from its newest checkpoint (verified),
+    False from scratch — only when the run never committed a checkpoint. A newest checkpoint
+    that is damaged, or missing although the run committed one, is a ConfigError naming it and
+    the kept checkpoints there are, instead of a silent restart from round 1."""
+    if exists(location):
+        try:
+            verify(location)
+        except ConfigError as e:
+            raise ConfigError(e.key, e.value, f"{e.expected}; {_alternatives(location, run_dir)}"
+                              ) from None
+        return True
+    why = _committed_before(location, run_dir)
+    if why:
+        raise ConfigError("checkpoint", path_of(location), f"the run's newest checkpoint (it is "
+                          f"missing, though {why}; resuming from scratch would rewrite the "
+                          f"run); {_alternatives(location, run_dir)}")
+    return False
+
+
+def _committed_before(location: str, run_dir: str) -> str | None:
+    """What shows that the run in ``run_dir`` committed a checkpoint (None: nothing does): a
+    kept one; a finished run's summary (its last round always checkpoints); a metrics row whose
+    ``checkpoint_s`` timed one (each row times the checkpoint after the round before it)."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    if kept_rounds(location):
+        return "kept checkpoints are there"
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        if isinstance(summary, dict) and not summary.get("diverged") and \
+                not summary.get("stopped"):
+            return "summary.json says the run finished"
+    except (OSError, ValueError):
+        pass
+    try:
+        timed = pq.read_table(os.path.join(run_dir, "metrics.parquet"),
+                              columns=["round", "checkpoint_s"]).to_pylist()
+    except Exception:  # noqa: BLE001 - no or an unreadable table: refused on its own later
+        return None
+    after = [r["round"] - 1 for r in timed if (r["checkpoint_s"] or 0) > 0]
+    return f"metrics.parquet records the checkpoint after round {max(after)}" if after else None
+
+
+def _alternatives(location: str, run_dir: str) -> str:
+    """What the user can do instead: fork from a kept checkpoint, or start a new run."""
+    kept = kept_rounds(location)
+    if not kept:
+        return "no kept checkpoint (checkpoint.keep) is there to continue from: start a new run"
+    return (f"kept checkpoints: rounds {', '.join(map(str, kept))}; rayfl fork {run_dir} --at "
+            f"{kept[-1]} continues from one in a new run directory")
 
 
 def prune_state(state_root: str, versions, pinned: set[tuple[int, int]] = frozenset()) -> int:

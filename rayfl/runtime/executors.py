@@ -10,6 +10,7 @@ same model bytes on either.
 from __future__ import annotations
 
 import numpy as np
+from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
 from rayfl.runtime.loop import balance
 
@@ -62,6 +63,13 @@ class RayExecutor:
         except ray.exceptions.RayActorError as e:
             raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
                              f"{self.max_restarts} times ({type(e).__name__})") from None
+        except ray.exceptions.RayTaskError as e:  # a user's ComponentError: itself, not Ray's
+            for ref in refs:  # every other actor's error read too: Ray logs an unread one
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError:
+                    pass
+            raise unwrapped(e) from None
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
         import ray

@@ -18,6 +18,7 @@ import torch
 
 from rayfl import algorithms, privacy
 from rayfl.availability import make_sampler
+from rayfl.availability.empty import EmptyRounds
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
@@ -146,6 +147,7 @@ class Server:
         final = self.final_round  # cfg.rounds, or fewer when privacy.target_epsilon binds
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
         checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
+        empty = EmptyRounds(cfg.availability.max_empty_rounds, final, self.log.rows)
         for t in range(self.next_round, end):
             row = self.round(t)
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
@@ -160,6 +162,7 @@ class Server:
                         else None))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
             diverged = divergence.flag(row, self.stack.deployed(self.state), cfg.loss_ceiling)
+            starved = empty.after(row)  # the reason a run of empty rounds stops here, or None
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
             pause = self.stop_requested or t == end - 1
@@ -171,9 +174,10 @@ class Server:
             self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
-            if diverged:
-                return self.log.finish(self._final_model(), diverged_at=t,
-                                       buffers=self._final_buffers())
+            if diverged or starved:
+                return self.log.finish(self._final_model(), diverged_at=t if diverged else None,
+                                       buffers=self._final_buffers(),
+                                       stopped=None if diverged else (t, starved))
             if pause and not last:
                 return {"paused_after_round": t}
         return self.log.finish(self._final_model(), buffers=self._final_buffers())

@@ -47,14 +47,20 @@ class Selector:
     def select(self, t: int, rng: np.random.Generator, online: np.ndarray, m: int,
                losses: Callable[[np.ndarray], np.ndarray] | None) -> np.ndarray:
         """``m`` distinct ids of ``online`` (ascending ids of the online clients) for round
-        ``t``; every random draw from ``rng`` (keyed by the run's seed and ``t``)."""
+        ``t``; every random draw from ``rng`` (keyed by the run's seed and ``t``).
+
+        The contract, checked at every call (:mod:`rayfl.selection.checked`): exactly ``m``
+        integer ids (a 1-d integer array or a list of ints; float ids are refused, not
+        rounded), each one of ``online``, none twice; no id only when ``m`` is 0, which is when
+        no client is online. A broken one stops the run with one line naming this method."""
         return rng.choice(online, m, replace=False)
 
     def observe(self, t: int, losses: dict[int, float]) -> None:
         """Round ``t``'s completed clients and the mean training loss each reported."""
 
     def state(self) -> Any:
-        """What :meth:`observe` learnt (None: nothing), for the checkpoint."""
+        """What :meth:`observe` learnt (None: nothing), for the checkpoint: tensors, arrays,
+        numbers, strings, None, and lists, tuples or str-keyed dicts of them (checked)."""
         return None
 
     def load_state(self, state: Any) -> None:

@@ -1,0 +1,160 @@
+"""Pre-flight: every component the user brings runs once before the run directory is made.
+
+The checks before a run (:func:`rayfl.simulation._prepare`) build the model and run it on a
+real batch (:func:`rayfl.models.check_fits`); this module runs the rest of the user's code once,
+in this process, on the run's real data and population:
+
+- a user's availability model or client selector plans round 1 (the selector's candidate
+  losses, if it scores candidates, at the initial model), and the selector's state must fit in
+  a checkpoint;
+- a user's algorithm, server wrapper, model or dataset trains one client — the smallest that
+  has rows — through the path a run trains clients in process.
+
+A component that breaks its contract then fails as one line (a ComponentError or ConfigError)
+with nothing written and nothing started, not inside Ray in round 1 after the run directory
+exists. Built-in components are not run again here (the test suite holds them to their
+contracts), so a run of built-ins starts as fast as before. The global random generators
+(Python, NumPy, torch) and torch's thread count are restored afterwards: the run that follows
+draws exactly what it would have drawn without a pre-flight.
+
+The core it calls, kept to a few entry points: :func:`rayfl.availability.make_sampler` and
+``Sampler.plan``; :class:`rayfl.runtime.client_actor.ClientWorker` (its stack and
+``client_losses``); :class:`rayfl.runtime.executors.InProcessExecutor`; and
+:class:`rayfl.runtime.loop.RoundLoop` (``setup``, ``groups``, ``train``) with the stack's
+``init``, ``broadcast`` and ``client_lr`` and the algorithm's ``aggregation_weights``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import tempfile
+import traceback
+from typing import Iterator
+
+import numpy as np
+import torch
+
+from rayfl import registry
+from rayfl.contract import ComponentError, _is_user_frame, user_frames
+from rayfl.schema import ConfigError
+
+
+def user_components(cfg) -> dict[str, bool]:
+    """Which parts of the run come from the user: ``sampling`` (availability model, selector)
+    and ``training`` (algorithm, server wrappers, model, dataset)."""
+    def mine(section) -> bool:
+        return not registry.is_builtin(section.KIND, section.component_name)
+
+    return {"sampling": mine(cfg.availability) or mine(cfg.selection),
+            "training": any(map(mine, (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data)))}
+
+
+def run(cfg, handle) -> None:
+    """Run each of the user's components of ``cfg`` once on the data behind ``handle``; a
+    broken contract raises (ComponentError or ConfigError), nothing is written."""
+    user = user_components(cfg)
+    if not (user["sampling"] or user["training"]):
+        return
+    place: dict = {"round": 0}  # where the user's code runs, for an error that names it
+    with _untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp, \
+            _named_by_frames(place):
+        worker = _worker(cfg, handle, tmp)
+        if user["sampling"]:
+            _plan_first_round(cfg, handle, worker)
+        if user["training"]:
+            place["client"] = _smallest_client(handle.sizes())
+            if place["client"] is not None:
+                _train_one_client(cfg, handle, worker, place["client"])
+
+
+def _worker(cfg, handle, state_root: str):
+    """A client worker on the CPU of this process, its client state under ``state_root``."""
+    from rayfl.runtime.client_actor import ClientWorker
+
+    cpu = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, gpus_per_actor=0.0))
+    return ClientWorker(cpu, handle, state_root, cfg.runtime.state_memory_mb * 2**20)
+
+
+def _plan_first_round(cfg, handle, worker) -> None:
+    """The availability model and the selector plan round 1 (t = 0) over the real population;
+    then the selector's state is checked to fit a checkpoint."""
+    from rayfl.availability import make_sampler
+    from rayfl.runtime.local import spec_from_config
+
+    w = worker.model.w
+    sampler = make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,
+                           spec_from_config(cfg.local), model_bytes=w.numel() * w.element_size(),
+                           selection=cfg.selection)
+    losses = None
+    if sampler.selector.scores_candidates:
+        point = w.detach().cpu().numpy()
+        buffers = worker.model.get_buffers().cpu().numpy() if worker.model.num_buffers \
+            else None
+        losses = lambda ids: worker.client_losses(point, ids, cfg.eval.batch_size,  # noqa: E731
+                                                  buffers)
+    sampler.plan(0, 0.0, losses)
+    sampler.selector.state()
+
+
+def _smallest_client(sizes: np.ndarray) -> int | None:
+    """The client with the fewest rows but some (the lowest id of a tie); None: none has any."""
+    if not (sizes > 0).any():
+        return None
+    return int(np.argmin(np.where(sizes > 0, sizes, np.iinfo(sizes.dtype).max)))
+
+
+def _train_one_client(cfg, handle, worker, client_id: int) -> None:
+    """Round 1's client-side work for client ``client_id``: the algorithm's server state and
+    broadcast, its client procedure, the client-side transforms."""
+    from rayfl.runtime.executors import InProcessExecutor
+    from rayfl.runtime.loop import RoundLoop
+
+    sizes, client = handle.sizes(), np.array([client_id])
+    stack, model = worker.stack, worker.model
+    loop = RoundLoop(stack, InProcessExecutor(worker), sizes, 1, worker.messages)
+    state = stack.init(model.w.detach().clone(), model.get_buffers() if model.num_buffers
+                       else None)
+    if stack.algorithm.traits.has("setup"):
+        state = loop.setup(state)
+    weights = stack.algorithm.aggregation_weights(state.algorithm, client, sizes[client])
+    lr = stack.client_lr(state, 0, cfg.local.lr, cfg.local.lr_decay)
+    loop.train(0, stack.broadcast(state, 0), lr, loop.groups(client, weights, None), None,
+               client)
+
+
+@contextlib.contextmanager
+def _named_by_frames(place: dict) -> Iterator[None]:
+    """An exception raised in the user's code that no contract check named (a ComponentError
+    or ConfigError passes as it is) becomes a ComponentError naming the user's function it was
+    raised in (its innermost frame in the user's files), the ``place`` (round, client) and the
+    user's frames; one with no frame of the user's is rayfl's own and passes unchanged."""
+    try:
+        yield
+    except (ComponentError, ConfigError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code may raise anything
+        frames = [(f, f.f_code) for f, _ in traceback.walk_tb(e.__traceback__)
+                  if _is_user_frame(f.f_code.co_filename)]
+        if not frames:
+            raise
+        frame, code = frames[-1]
+        name = f"{frame.f_globals.get('__name__', '?')}:{code.co_qualname}"
+        problem = f"raised {type(e).__name__}: {e}" if str(e) else f"raised {type(e).__name__}"
+        raise ComponentError(name, problem, place.get("round"), place.get("client"),
+                             user_frames(e.__traceback__)) from None
+
+
+@contextlib.contextmanager
+def _untouched_globals() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global generators and torch's threads on exit."""
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        torch.set_num_threads(threads)

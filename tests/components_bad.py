@@ -1,0 +1,289 @@
+"""Small user components that break their contract (and a few that keep it in an unusual way),
+named in configs as ``tests.components_bad:Name`` by tests/test_boundary_runtime.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from rayfl.algorithms.fedavg import FedAvg
+from rayfl.availability import AvailabilityModel
+from rayfl.schema import field
+from rayfl.selection import Selector
+
+
+# ----- model builders -------------------------------------------------------------------------
+def string_model(input_shape, num_classes):
+    return "a model"
+
+
+def none_model(input_shape, num_classes):
+    return None
+
+
+def number_model(input_shape, num_classes):
+    return 3
+
+
+class Linear(nn.Module):
+    """A linear model (the base of the broken ones below)."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.layer = nn.Linear(input_shape[0], num_classes)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+class NoParameters(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.classes = num_classes
+
+    def forward(self, x):
+        return torch.zeros(len(x), self.classes)
+
+
+class FrozenOnly(Linear):
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.layer.requires_grad_(False)
+
+
+class TupleOut(Linear):
+    def forward(self, x):
+        return self.layer(x), x
+
+
+class DictOut(Linear):
+    def forward(self, x):
+        return {"logits": self.layer(x)}
+
+
+class TwiceTheClasses(Linear):
+    def forward(self, x):
+        return torch.cat([self.layer(x)] * 2, 1)
+
+
+class IntScores(Linear):
+    def forward(self, x):
+        return self.layer(x).long()
+
+
+class NanOnRealData(Linear):
+    """Finite on the zeros batch, NaN on any real row."""
+
+    def forward(self, x):
+        out = self.layer(x)
+        return out * float("nan") if bool(x.abs().sum() > 0) else out
+
+
+class RaisesKeyError(Linear):
+    def forward(self, x):
+        return {}["logits"]
+
+
+# ----- selectors ------------------------------------------------------------------------------
+class ReturnsIds(Selector):
+    """Returns what ``ids(online, m)`` gives (subclasses below)."""
+
+    def select(self, t, rng, online, m, losses):
+        return self.ids(online, m)
+
+
+class OutOfRange(ReturnsIds):
+    def ids(self, online, m):
+        return np.arange(m) + 10_000
+
+
+class Negative(ReturnsIds):
+    def ids(self, online, m):
+        return -np.arange(1, m + 1)
+
+
+class FloatIds(ReturnsIds):
+    def ids(self, online, m):
+        return online[:m].astype(np.float64) + 0.5
+
+
+class FloatList(ReturnsIds):
+    def ids(self, online, m):
+        return [float(i) for i in online[:m]]
+
+
+class Repeats(ReturnsIds):
+    def ids(self, online, m):
+        return np.repeat(online[:1], m)
+
+
+class TooMany(ReturnsIds):
+    def ids(self, online, m):
+        return online[:m + 1]
+
+
+class TooFew(ReturnsIds):
+    def ids(self, online, m):
+        return online[:m - 1]
+
+
+class NoneWhileOnline(ReturnsIds):
+    def ids(self, online, m):
+        return online[:0]
+
+
+class ReturnsNone(ReturnsIds):
+    def ids(self, online, m):
+        return None
+
+
+class ReturnsSet(ReturnsIds):
+    def ids(self, online, m):
+        return set(online[:m].tolist())
+
+
+class TwoDimensional(ReturnsIds):
+    def ids(self, online, m):
+        return online[:m].reshape(1, -1)
+
+
+class BoolMask(ReturnsIds):
+    def ids(self, online, m):
+        return np.isin(np.arange(online.max() + 1), online[:m])
+
+
+class IntList(ReturnsIds):
+    """Keeps the contract with a plain list of ints (accepted)."""
+
+    def ids(self, online, m):
+        return [int(i) for i in online[:m]]
+
+
+class PicksOffline(ReturnsIds):
+    """Every id but the online ones first (used with EvenOnly: the odd ids are offline)."""
+
+    def ids(self, online, m):
+        return np.setdiff1d(np.arange(20), online)[:m]
+
+
+class RaisesInSelect(Selector):
+    def select(self, t, rng, online, m, losses):
+        return {}["clients"]
+
+
+class FailsInRoundThree(Selector):
+    """Uniform until round 3 (t = 2), then a duplicate id."""
+
+    def select(self, t, rng, online, m, losses):
+        picked = rng.choice(online, m, replace=False)
+        return picked if t < 2 else np.repeat(picked[:1], m)
+
+
+class RaisesInRoundThree(Selector):
+    """Uniform until round 3 (t = 2), then an exception of its own."""
+
+    def select(self, t, rng, online, m, losses):
+        if t == 2:
+            raise RuntimeError("the selector's own bug")
+        return rng.choice(online, m, replace=False)
+
+
+class UnencodableState(Selector):
+    def state(self):
+        return {"seen": {1, 2, 3}}
+
+
+class UnencodableAfterObserve(Selector):
+    """A state a checkpoint can hold until the first round is observed."""
+
+    def __init__(self, params, ctx):
+        super().__init__(params, ctx)
+        self.memory = {}
+
+    def observe(self, t, losses):
+        self.memory = {int(c): object() for c in losses}
+
+    def state(self):
+        return {str(k): v for k, v in self.memory.items()}
+
+
+class BrokenInit(Selector):
+    def __init__(self, params, ctx):
+        raise AttributeError("no such setting")
+
+
+@dataclass(frozen=True)
+class FractionParams:
+    fraction: float = field(5.0, doc="a default outside its own bounds", lo=0.0, hi=1.0)
+
+
+class DefaultOutOfBounds(Selector):
+    Params = FractionParams
+
+
+# ----- availability models --------------------------------------------------------------------
+class Mask(AvailabilityModel):
+    """Returns what ``mask(n)`` gives for N clients (subclasses below)."""
+
+    def online(self, t, now):
+        return self.mask(self.ctx.num_clients)
+
+
+class ShortMask(Mask):
+    def mask(self, n):
+        return np.ones(n - 1, bool)
+
+
+class IdsInsteadOfMask(Mask):
+    def mask(self, n):
+        return np.arange(0, n, 2)
+
+
+class ZeroOneInts(Mask):
+    def mask(self, n):
+        return np.ones(n, dtype=np.int64)
+
+
+class StringMask(Mask):
+    def mask(self, n):
+        return "all"
+
+
+class RaisesInOnline(Mask):
+    def mask(self, n):
+        return 1 / 0
+
+
+class EvenOnly(Mask):
+    """Keeps the contract with a list of booleans (accepted): the even ids are online."""
+
+    def mask(self, n):
+        return [i % 2 == 0 for i in range(n)]
+
+
+class NobodyOnline(Mask):
+    def mask(self, n):
+        return np.zeros(n, bool)
+
+
+class OfflineInRoundsOneAndThree(AvailabilityModel):
+    """Everyone online, except nobody in rounds 1 and 3 (t = 0, 2)."""
+
+    def online(self, t, now):
+        return np.full(self.ctx.num_clients, t not in (0, 2))
+
+
+class ShortReportMask(AvailabilityModel):
+    def online_at(self, clients, times):
+        return np.ones(len(clients) + 1, bool)
+
+
+# ----- algorithms -----------------------------------------------------------------------------
+class ClientRaises(FedAvg):
+    """A local rule that fails on the client."""
+
+    def client_begin(self, task):
+        raise ValueError("the client's rule is broken")
