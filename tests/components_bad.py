@@ -283,7 +283,7 @@ class ShortReportMask(AvailabilityModel):
 
 # ----- algorithms -----------------------------------------------------------------------------
 class ClientRaises(FedAvg):
-    """A local rule that fails on the client."""
+    """A client that fails in its local training."""
 
-    def client_begin(self, task):
+    def client_train(self, task, ctx):
         raise ValueError("the client's rule is broken")

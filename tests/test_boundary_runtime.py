@@ -128,7 +128,7 @@ PREFLIGHT = [
     ([AVAILABILITY + "ShortReportMask"], "ShortReportMask.online_at (round 1): returned a mask "
                                          "of shape (6,); expected exactly 5 booleans"),
     # an algorithm whose client fails: named by the user's frame it raised in
-    ([f"algorithm.name={BAD}:ClientRaises"], f"{BAD}:ClientRaises.client_begin (round 1, "
+    ([f"algorithm.name={BAD}:ClientRaises"], f"{BAD}:ClientRaises.client_train (round 1, "
                                              "client ", "raised ValueError"),
     # settings that would do nothing, or be silently replaced
     (["rounds=2", "rounds=3"], "config key 'rounds'", "rounds=2, then rounds=3"),
