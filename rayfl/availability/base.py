@@ -61,7 +61,7 @@ class AvailabilityModel:
     def online(self, t: int, now: float) -> np.ndarray | None:
         """Who is online at virtual time ``now`` of round ``t``: None (everyone) or a mask of
         exactly N booleans (a list or array; ids or 0/1 integers are refused, see
-        :mod:`rayfl.availability.checked`)."""
+        ``rayfl/availability/checked.py``)."""
         return None
 
     def online_at(self, clients: np.ndarray, times: np.ndarray) -> np.ndarray | None:

@@ -49,7 +49,7 @@ class Selector:
         """``m`` distinct ids of ``online`` (ascending ids of the online clients) for round
         ``t``; every random draw from ``rng`` (keyed by the run's seed and ``t``).
 
-        The contract, checked at every call (:mod:`rayfl.selection.checked`): exactly ``m``
+        The contract, checked at every call (``rayfl/selection/checked.py``): exactly ``m``
         integer ids (a 1-d integer array or a list of ints; float ids are refused, not
         rounded), each one of ``online``, none twice; no id only when ``m`` is 0, which is when
         no client is online. A broken one stops the run with one line naming this method."""
