@@ -89,7 +89,8 @@ class Config:
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
-        None, doc="user-level differential privacy (DP-FedAvg); ε per round in metrics.parquet")
+        None, doc="user-level differential privacy (DP-FedAvg, DP-FTRL or banded MF); ε per "
+                  "round in metrics.parquet")
     compression: Optional[CompressionConfig] = field(
         None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
                   "upload_bytes per round, and the virtual clock's upload time")
@@ -214,13 +215,18 @@ def check_privacy(cls, cfg: Config) -> None:
         raise ConfigError("aggregation.weighting", weighting,
                           "uniform or auto with privacy (DP-FedAvg's fixed-denominator estimator gives "
                           "every client weight 1)")
-    if cfg.availability.model != "always":
+    if cfg.privacy.mechanism != "dp_fedavg":  # DP-FTRL, banded MF: no sampling assumed
+        from rayfl.privacy.rules import check_run
+
+        check_run(cfg)
+    elif cfg.availability.model != "always":
         raise ConfigError("availability.model", cfg.availability.model,
-                          "always with privacy (the accountant assumes uniform client sampling)")
-    if cfg.availability.overcommit != 1.0:
+                          "always with privacy (the accountant assumes uniform client sampling; "
+                          "privacy.mechanism dp_ftrl or banded_mf runs under any availability)")
+    elif cfg.availability.overcommit != 1.0:
         raise ConfigError("availability.overcommit", cfg.availability.overcommit,
                           "1 with privacy (the accountant models clients_per_round draws)")
-    if cfg.selection.name != "uniform":
+    elif cfg.selection.name != "uniform":
         raise ConfigError("selection.name", cfg.selection.name,
                           "uniform with privacy (the accountant assumes uniform client "
                           "sampling; loss-based selection also reads client data unprotected)")
@@ -236,7 +242,7 @@ def check_privacy(cls, cfg: Config) -> None:
     if target is not None:
         from rayfl import privacy
 
-        first = privacy.epsilon(1, **privacy.accounting(cfg))
+        first = privacy.accountant(cfg).epsilon(1)
         if first > target:
             raise ConfigError("privacy.target_epsilon", target,
                               f"at least one round's ε = {first:.4g} (raise it, or the noise)")

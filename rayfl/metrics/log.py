@@ -55,9 +55,10 @@ class MetricsLog:
         write_parquet(self.rows, self.path)
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
-               buffers: np.ndarray | None = None) -> dict:
+               buffers: np.ndarray | None = None, extra: dict | None = None) -> dict:
         """Write the final model (``final_model.npy``, and its buffers ``final_buffers.npy``
-        when it has any), the summary and the accuracy plot; return the summary.
+        when it has any), the summary (with ``extra``'s entries) and the accuracy plot; return
+        the summary.
 
         A diverged run's summary says so (``diverged``, ``diverged_at_round``, and the reason
         the last row gives)."""
@@ -72,6 +73,7 @@ class MetricsLog:
             summary["diverged_at_round"] = diverged_at + 1
             summary["diverged_reason"] = self.rows[-1].get("diverged_reason") if self.rows \
                 else None
+        summary.update(extra or {})
         summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online

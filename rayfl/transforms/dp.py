@@ -1,4 +1,5 @@
-"""DP-FedAvg's Gaussian mechanism as an aggregation transform (see :mod:`rayfl.privacy`).
+"""DP-FedAvg's Gaussian mechanism as an aggregation transform (see :mod:`rayfl.privacy`), and
+DP-FTRL's and banded MF's correlated noise as its subclass :class:`CorrelatedDP`.
 
 Client side: Δ_i ← Δ_i · min(1, S / ‖Δ_i‖) (every client's contribution has norm ≤ S). Server
 side: Δ̄ = (Σ_i Δ_i + N(0, z²S² I)) / K with K the expected number of participants, whatever the
@@ -67,8 +68,11 @@ class GaussianDP(Transform):
 
     @classmethod
     def from_privacy(cls, cfg) -> "GaussianDP":
-        """The mechanism of a run's ``privacy`` section."""
+        """The mechanism of a run's ``privacy`` section (:class:`CorrelatedDP` for dp_ftrl and
+        banded_mf)."""
         p, ad = cfg.privacy, cfg.privacy.adaptive_clip
+        if p.mechanism != "dp_fedavg":
+            return CorrelatedDP.from_privacy(cfg)
         return cls(GaussianDPParams(
             p.noise_multiplier, p.clip_norm, cfg.clients_per_round,
             None if ad is None else ad.target_quantile, 0.2 if ad is None else ad.learning_rate,
@@ -137,3 +141,44 @@ class GaussianDP(Transform):
     def load_server_state(self, state: dict) -> None:
         if "clip_norm" in state:  # (a fork may put the mechanism where another step was)
             self.clip, self.used = float(state["clip_norm"]), float(state["used"])
+
+
+class CorrelatedDP(GaussianDP):
+    """DP-FedAvg's clipping and fixed denominator, with noise correlated across rounds: round t's
+    sum receives z·S times DP-FTRL's n_t − n_{t−1} (:class:`rayfl.privacy.tree.TreeNoise`) or
+    banded MF's w_t = (C⁻¹Z)_t (:class:`rayfl.privacy.banded.BandedNoise`). The generator's
+    state (the tree's O(log t) node values, or the last b − 1 noise vectors and C's bands) is
+    server state: checkpointed, resumed and forked to the same bytes."""
+
+    name = "dp_correlated"
+
+    def __init__(self, params: GaussianDPParams, seed: int, source):
+        super().__init__(params, seed)
+        self.source = source
+
+    @classmethod
+    def from_privacy(cls, cfg) -> "CorrelatedDP":
+        from rayfl.privacy import bands_of
+        from rayfl.privacy.banded import BandedNoise, coefficients
+        from rayfl.privacy.tree import TreeNoise
+
+        p = cfg.privacy
+        if p.mechanism == "dp_ftrl":
+            source = TreeNoise(cfg.seed, p.restart, p.honaker)
+        else:
+            source = BandedNoise(cfg.seed, coefficients(
+                bands_of(p), p.band_coefficients or "optimized", cfg.rounds))
+        return cls(GaussianDPParams(p.noise_multiplier, p.clip_norm, cfg.clients_per_round),
+                   cfg.seed, source)
+
+    def noise(self, t: int, dim: int) -> np.ndarray:
+        """Round t's share of the correlated noise, std z·S per released entry."""
+        return self.source.round_noise(t, dim) * (self.p.noise_multiplier * self.clip)
+
+    def server_state(self) -> dict:
+        return {**super().server_state(), "correlated": self.source.state()}
+
+    def load_server_state(self, state: dict) -> None:
+        super().load_server_state(state)
+        if "correlated" in state:
+            self.source.load_state(state["correlated"])

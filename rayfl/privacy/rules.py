@@ -1,0 +1,77 @@
+"""The ``privacy`` keys' rules: which key belongs to which mechanism, and what DP-FTRL and banded
+MF need from the rest of the run (a ConfigError naming the key and the reason)."""
+
+from __future__ import annotations
+
+from rayfl.schema import ConfigError
+
+#: keys that only some mechanisms read -> those mechanisms
+OWN_KEYS = {"min_separation": ("dp_ftrl", "banded_mf"),
+            "max_participations": ("dp_ftrl", "banded_mf"),
+            "bands": ("banded_mf",), "band_coefficients": ("banded_mf",),
+            "restart": ("dp_ftrl",), "honaker": ("dp_ftrl",)}
+
+
+def check_section(p, prefix: str) -> None:
+    """Rules inside the ``privacy`` section."""
+    for key, owners in OWN_KEYS.items():
+        value = getattr(p, key)
+        if p.mechanism not in owners and value not in (None, False):
+            raise ConfigError(f"{prefix}.{key}", value,
+                              f"{'false' if key == 'honaker' else 'null'} with {prefix}."
+                              f"mechanism {p.mechanism} (the key configures "
+                              f"{' and '.join(owners)})")
+    if p.mechanism == "dp_fedavg":
+        if p.accountant == "pld" and p.sampling != "poisson":
+            raise ConfigError(f"{prefix}.accountant", p.accountant,
+                              "rdp with sampling: fixed (dp-accounting's PLD accountant models "
+                              "Poisson sampling only)")
+        return
+    if p.sampling != "fixed":
+        raise ConfigError(f"{prefix}.sampling", p.sampling,
+                          f"fixed with {prefix}.mechanism {p.mechanism} (its guarantee takes no "
+                          "amplification from sampling: each round takes clients_per_round of "
+                          "the eligible online clients)")
+    if p.adaptive_clip is not None:
+        raise ConfigError(f"{prefix}.adaptive_clip", "(set)",
+                          f"null with {prefix}.mechanism {p.mechanism} (its noise is shared "
+                          "across rounds and calibrated to one clip norm; a moving clip norm "
+                          "changes the sensitivity of releases that share noise)")
+    if p.mechanism == "banded_mf":
+        if p.bands is None and p.min_separation is None:
+            raise ConfigError(f"{prefix}.bands", None,
+                              f"an integer ≥ 1 with {prefix}.mechanism banded_mf (or set "
+                              f"{prefix}.min_separation)")
+        if p.bands is not None and p.min_separation is not None and \
+                p.bands > p.min_separation:
+            raise ConfigError(f"{prefix}.bands", p.bands,
+                              f"at most {prefix}.min_separation = {p.min_separation} "
+                              "(participations at least bands rounds apart keep a client's "
+                              "columns of C disjoint: the sensitivity ε is computed from)")
+
+
+def check_run(cfg) -> None:
+    """What DP-FTRL and banded MF need from the rest of the config."""
+    p = cfg.privacy
+    name = p.mechanism
+    for key in ("bands", "restart"):
+        value = getattr(p, key)
+        if value is not None and value > cfg.rounds:
+            raise ConfigError(f"privacy.{key}", value, f"at most rounds = {cfg.rounds}")
+    if cfg.selection.name != "uniform":
+        raise ConfigError("selection.name", cfg.selection.name,
+                          f"uniform with privacy.mechanism {name} (this selector chooses "
+                          "clients by the training losses they report unprotected: who takes "
+                          "part would depend on other clients' data, outside the "
+                          "participation-based guarantee)")
+    if cfg.availability.correlate != "none":
+        raise ConfigError("availability.correlate", cfg.availability.correlate,
+                          f"none with privacy.mechanism {name} (who is online would follow "
+                          "the clients' labels: the guarantee treats who takes part when as "
+                          "independent of their data)")
+    if cfg.aggregation.mode != "sync":
+        raise ConfigError("aggregation.mode", cfg.aggregation.mode,
+                          f"sync with privacy.mechanism {name} (the participation bound is "
+                          "enforced where a synchronous round selects its cohort, and the "
+                          "noise is indexed by rounds; the asynchronous modes dispatch one "
+                          "client at a time and step on arrivals)")
