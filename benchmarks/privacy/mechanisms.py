@@ -42,26 +42,32 @@ MECHANISMS = {  # row name -> overrides of the base config
 }
 AVAILABILITY = {"always": ["availability.model=always"],
                 "diurnal": ["availability.model=diurnal"]}
+MODELS = {"logreg": ["model.name=logreg"],  # 7,850 parameters
+          "mlp": ["model.name=mlp"]}  # 784-100-100-10: 89,610 parameters, more noise to bear
 
 
-def rows() -> list[tuple[str, str, float, list[str]]]:
-    """(mechanism, availability, target ε, overrides) of every row, cheapest first."""
+def rows() -> list[tuple[str, str, str, float, list[str]]]:
+    """(model, mechanism, availability, target ε, overrides) of every row, cheapest first."""
     out = []
-    for eps in EPSILONS:
-        for mech, over in MECHANISMS.items():
-            for avail, a_over in AVAILABILITY.items():
-                if mech == "DP-FedAvg" and avail != "always":
-                    continue  # refused: its ε rests on uniform sampling
-                out.append((mech, avail, eps, over + a_over))
+    for model, m_over in MODELS.items():
+        for eps in EPSILONS:
+            for mech, over in MECHANISMS.items():
+                for avail, a_over in AVAILABILITY.items():
+                    if mech == "DP-FedAvg" and avail != "always":
+                        continue  # refused: its ε rests on uniform sampling
+                    out.append((model, mech, avail, eps, m_over + over + a_over))
     return out
 
 
-def done() -> set[tuple[str, str, float]]:
+def _key(r: dict) -> tuple[str, str, str, float]:
+    return r.get("model", "logreg"), r["mechanism"], r["availability"], r["target_epsilon"]
+
+
+def done() -> set[tuple[str, str, str, float]]:
     if not os.path.isfile(RESULTS):
         return set()
     with open(RESULTS) as f:
-        return {(r["mechanism"], r["availability"], r["target_epsilon"])
-                for r in map(json.loads, f)}
+        return {_key(r) for r in map(json.loads, f)}
 
 
 def replayed_counts(cfg) -> np.ndarray:
@@ -79,10 +85,10 @@ def replayed_counts(cfg) -> np.ndarray:
     return counts
 
 
-def run_one(mech: str, avail: str, eps: float, overrides: list[str]) -> dict:
+def run_one(model: str, mech: str, avail: str, eps: float, overrides: list[str]) -> dict:
     cfg = config_mod.load(CONFIG, overrides)
     z = privacy.calibrate(cfg, eps)
-    name = f"{mech.replace(' ', '').lower()}-{avail}-eps{eps:g}"
+    name = f"{model}-{mech.replace(' ', '').lower()}-{avail}-eps{eps:g}"
     result = rayfl.run(CONFIG, overrides + [f"privacy.noise_multiplier={z!r}", f"name={name}",
                                             f"output_dir={OUTPUT}"], quiet=True)
     s = result.summary
@@ -93,7 +99,7 @@ def run_one(mech: str, avail: str, eps: float, overrides: list[str]) -> dict:
         counts = replayed_counts(cfg)
         counts = counts[counts > 0]
     metrics = result.metrics.to_pylist()
-    return {"mechanism": mech, "availability": avail, "target_epsilon": eps,
+    return {"model": model, "mechanism": mech, "availability": avail, "target_epsilon": eps,
             "noise_multiplier": z, "epsilon": s["epsilon"],
             "epsilon_individual_median": s.get("participation", {}).get(
                 "epsilon_individual_median"),
@@ -108,16 +114,16 @@ def run_one(mech: str, avail: str, eps: float, overrides: list[str]) -> dict:
 def table() -> str:
     with open(RESULTS) as f:
         results = [json.loads(line) for line in f]
-    order = {r[:3]: i for i, r in enumerate(rows())}
-    results.sort(key=lambda r: order.get((r["mechanism"], r["availability"],
-                                          r["target_epsilon"]), 99))
-    out = ["| ε (δ = 6.98e-5) | mechanism | availability | z | ε reached (worst case) | "
-           "ε median client | final accuracy | clients per round | clients that took part | "
-           "participations mean / max |", "|" + "---|" * 10]
+    order = {r[:4]: i for i, r in enumerate(rows())}
+    results.sort(key=lambda r: order.get(_key(r), 99))
+    out = ["| model | ε (δ = 6.98e-5) | mechanism | availability | z | ε reached (worst case) "
+           "| ε median client | final accuracy | clients per round | clients that took part | "
+           "participations mean / max |", "|" + "---|" * 11]
     for r in results:
         med = r["epsilon_individual_median"]
         out.append(
-            f"| {r['target_epsilon']:g} | {r['mechanism']} | {r['availability']} | "
+            f"| {r.get('model', 'logreg')} | {r['target_epsilon']:g} | {r['mechanism']} | "
+            f"{r['availability']} | "
             f"{r['noise_multiplier']:.3f} | {r['epsilon']:.3f} | "
             f"{'—' if med is None else f'{med:.3f}'} | {100 * r['final_accuracy']:.2f}% | "
             f"{r['clients_per_round_mean']:.1f} | {r['clients']} | "
@@ -179,10 +185,10 @@ def main() -> None:
     if args.command != "run":
         print(table() if args.command == "table" else noise_table())
         return
-    for mech, avail, eps, overrides in rows():
-        if (mech, avail, eps) in done():
+    for model, mech, avail, eps, overrides in rows():
+        if (model, mech, avail, eps) in done():
             continue
-        record = run_one(mech, avail, eps, overrides)
+        record = run_one(model, mech, avail, eps, overrides)
         with open(RESULTS, "a") as f:
             f.write(json.dumps(record) + "\n")
         print(json.dumps(record), flush=True)
