@@ -383,9 +383,10 @@ def _audit(run_dir: str, b: int, k: int | None, rounds: int) -> list[dict]:
     return rows
 
 
-def _run(tiny, *overrides, **kw):
-    return rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "privacy.clip_norm=0.5",
-                                   *overrides], quiet=True, **kw)
+def _run(tiny, *overrides, ray: bool = False, **kw):
+    where = [] if ray else ["runtime.executor=inprocess"]
+    return rayfl.run(TINY, tiny + where + ["privacy.clip_norm=0.5", *overrides], quiet=True,
+                     **kw)
 
 
 FTRL = ["privacy.mechanism=dp_ftrl", "privacy.min_separation=3", "privacy.max_participations=3",
@@ -394,8 +395,9 @@ BANDED = ["privacy.mechanism=banded_mf", "privacy.min_separation=3", "privacy.ba
 
 
 @pytest.mark.parametrize("mechanism", [FTRL, BANDED], ids=["dp_ftrl", "banded_mf"])
-def test_a_run_keeps_the_bound_reports_epsilon_and_resumes_to_the_same_bytes(tiny, tmp_path,
-                                                                             mechanism):
+def test_a_run_keeps_the_bound_reports_epsilon_and_resumes_to_the_same_bytes(ray_local, tiny,
+                                                                             tmp_path, mechanism):
+    """In process straight through; paused and resumed (DP-FTRL on Ray): the same bytes."""
     common = ["rounds=10", "checkpoint.every=1", *mechanism]
     full = _run(tiny, *common)
     rows = _audit(full.run_dir, 3, 3 if mechanism is FTRL else None, 10)
@@ -414,7 +416,8 @@ def test_a_run_keeps_the_bound_reports_epsilon_and_resumes_to_the_same_bytes(tin
                     sum(s < t for s in r["rounds"]) < k for r in rows) + 20 - len(rows)
                 for t in range(1, 11)]  # rounds from 1, as in the files
     assert [m["eligible"] for m in full.metrics.to_pylist()] == eligible
-    paused = _run(tiny, *common, run_dir=str(tmp_path / "paused"), max_rounds=4)
+    paused = _run(tiny, *common, ray=mechanism is FTRL, run_dir=str(tmp_path / "paused"),
+                  max_rounds=4)  # DP-FTRL on Ray actors, its server an actor
     resumed = rayfl.resume(paused.run_dir, quiet=True)
     assert resumed.summary["model_sha256"] == full.summary["model_sha256"]
     for name in ("participation.parquet",):
