@@ -111,9 +111,11 @@ class PrivacyConfig:
     sampling: Literal["fixed", "poisson"] = field(
         "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
                      "accountant, replace-one neighbours); poisson: each client with "
-                     "probability clients_per_round / clients")
+                     "probability clients_per_round / clients (dp_fedavg only: dp_ftrl and "
+                     "banded_mf take clients_per_round of the eligible online clients)")
     accountant: Literal["rdp", "pld"] = field(
-        "rdp", doc="dp-accounting's RDP or PLD accountant (pld: poisson sampling only)")
+        "rdp", doc="dp-accounting's RDP or PLD accountant (dp_fedavg: pld with poisson "
+                   "sampling only)")
     target_epsilon: Optional[float] = field(
         None, doc="stop after the last round whose ε stays within this (null: run every round)",
         lo=0.0, lo_open=True)
