@@ -60,10 +60,10 @@ def check_run(cfg) -> None:
             raise ConfigError(f"privacy.{key}", value, f"at most rounds = {cfg.rounds}")
     if cfg.selection.name != "uniform":
         raise ConfigError("selection.name", cfg.selection.name,
-                          f"uniform with privacy.mechanism {name} (this selector chooses "
-                          "clients by the training losses they report unprotected: who takes "
-                          "part would depend on other clients' data, outside the "
-                          "participation-based guarantee)")
+                          f"uniform with privacy.mechanism {name} (the guarantee needs who "
+                          "takes part to be independent of the clients' data; oort and "
+                          "power_of_choice choose by the training losses clients report "
+                          "unprotected)")
     if cfg.availability.correlate != "none":
         raise ConfigError("availability.correlate", cfg.availability.correlate,
                           f"none with privacy.mechanism {name} (who is online would follow "
