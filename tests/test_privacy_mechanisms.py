@@ -19,7 +19,8 @@ from dp_accounting import pld, rdp
 from scipy.special import binom
 
 import rayfl
-from rayfl import config as config_mod, privacy
+from rayfl import config as config_mod
+from rayfl import privacy
 from rayfl.algorithms.base import Aggregate
 from rayfl.fork import fork
 from rayfl.privacy import banded, tree
@@ -155,7 +156,7 @@ def _brute_tree(n: int, b: int, k: int, restart: int | None) -> int:
     best = 0
     for m in range(1, k + 1):
         for pi in itertools.combinations(range(n), m):
-            if all(y - x >= b for x, y in zip(pi, pi[1:])):
+            if all(y - x >= b for x, y in itertools.pairwise(pi)):
                 best = max(best, sum(sum(s <= t < e for t in pi) ** 2 for *_, s, e in nodes))
     return best
 
@@ -247,7 +248,7 @@ def test_columns_of_a_banded_c_at_least_b_apart_never_overlap():
         worst = 0.0
         for m in range(1, k + 1):
             for pi in itertools.combinations(range(n), m):
-                if all(y - x >= b for x, y in zip(pi, pi[1:])):
+                if all(y - x >= b for x, y in itertools.pairwise(pi)):
                     block = gram[np.ix_(pi, pi)]
                     assert np.allclose(block, np.diag(np.diag(block)))
                     worst = max(worst, np.trace(block))

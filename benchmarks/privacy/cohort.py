@@ -23,7 +23,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-import rayfl  # noqa: E402
+import rayfl
 
 MECHANISMS = {
     "no privacy": [],

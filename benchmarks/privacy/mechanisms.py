@@ -27,8 +27,9 @@ import pyarrow.parquet as pq
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-import rayfl  # noqa: E402
-from rayfl import config as config_mod, privacy  # noqa: E402
+import rayfl
+from rayfl import config as config_mod
+from rayfl import privacy
 
 CONFIG = os.path.join(ROOT, "configs", "privacy", "fmnist_mechanisms.yaml")
 RESULTS = os.path.join(ROOT, "benchmarks", "privacy", "mechanisms.jsonl")
@@ -105,7 +106,7 @@ def run_one(model: str, mech: str, avail: str, eps: float, overrides: list[str])
                 "epsilon_individual_median"),
             "final_accuracy": s["final_accuracy"],
             "mean_last_accuracy": s[f"mean_last_{cfg.eval.last_k}_evals_accuracy"],
-            "rounds": s["rounds"], "clients": int(len(counts)),
+            "rounds": s["rounds"], "clients": len(counts),
             "participations_mean": float(counts.mean()), "participations_max": int(counts.max()),
             "clients_per_round_mean": float(np.mean([r["completed"] for r in metrics])),
             "mean_round_s": s["mean_round_s"], "run_dir": os.path.relpath(result.run_dir, ROOT)}
@@ -116,9 +117,10 @@ def table() -> str:
         results = [json.loads(line) for line in f]
     order = {r[:4]: i for i, r in enumerate(rows())}
     results.sort(key=lambda r: order.get(_key(r), 99))
-    out = ["| model | ε (δ = 6.98e-5) | mechanism | availability | z | ε reached (worst case) "
-           "| ε median client | final accuracy | clients per round | clients that took part | "
-           "participations mean / max |", "|" + "---|" * 11]
+    head = ("| model | ε (δ = 6.98e-5) | mechanism | availability | z | ε reached (worst case) "
+            "| ε median client | final accuracy | clients per round | clients that took part | "
+            "participations mean / max |")
+    out = [head, "|" + "---|" * 11]
     for r in results:
         med = r["epsilon_individual_median"]
         out.append(

@@ -16,8 +16,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.privacy.accounting import (CorrelatedAccountant, FedAvgAccountant, accountant,
-                                      bands_of, calibrate, schema_of)
+from rayfl.privacy.accounting import (
+    CorrelatedAccountant,
+    FedAvgAccountant,
+    accountant,
+    bands_of,
+    calibrate,
+    schema_of,
+)
 from rayfl.privacy.fedavg import accounting, epsilon, round_event, rounds_within
 from rayfl.privacy.participation import Participation, Schema
 
@@ -44,7 +50,7 @@ def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
         "mechanism": acc.mechanism, "min_separation": record.schema.min_separation,
         "max_participations": record.schema.bound(horizon),
         "sensitivity": float(np.sqrt(acc.sensitivity_squared(horizon))),
-        "clients": int(len(ids)),
+        "clients": len(ids),
         "participations_max": int(counts.max()) if len(counts) else 0,
         "participations_mean": float(counts.mean()) if len(counts) else 0.0,
         "epsilon_individual_max": float(eps.max()) if len(eps) else 0.0,

@@ -37,7 +37,7 @@ a client actually took part in.
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -155,7 +155,7 @@ def _max_plus(a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _subtree(level: int, leaves: int, separation: int, limit: int) -> tuple[float, ...]:
     """Best Σ_ν |π ∩ ν|² over the complete nodes of a node of ``level`` whose first ``leaves``
     rounds exist, for m = 0.. participations (index m), each node of L existing rounds holding

@@ -67,7 +67,7 @@ class GaussianDP(Transform):
         self.used = self.clip  # S of the round just aggregated
 
     @classmethod
-    def from_privacy(cls, cfg) -> "GaussianDP":
+    def from_privacy(cls, cfg) -> GaussianDP:
         """The mechanism of a run's ``privacy`` section (:class:`CorrelatedDP` for dp_ftrl and
         banded_mf)."""
         p, ad = cfg.privacy, cfg.privacy.adaptive_clip
@@ -157,7 +157,7 @@ class CorrelatedDP(GaussianDP):
         self.source = source
 
     @classmethod
-    def from_privacy(cls, cfg) -> "CorrelatedDP":
+    def from_privacy(cls, cfg) -> CorrelatedDP:
         from rayfl.privacy import bands_of
         from rayfl.privacy.banded import BandedNoise, coefficients
         from rayfl.privacy.tree import TreeNoise
