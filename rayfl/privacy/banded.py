@@ -22,8 +22,9 @@ The bands: ``sqrt`` truncates the square-root factorisation A = C² (c_j the coe
 divides by its norm; ``optimized`` minimises the expected total squared error of the n prefix
 sums at that sensitivity, ‖c‖² · ‖A C⁻¹‖_F² (A C⁻¹ is Toeplitz with first column β, the
 cumulative sum of C⁻¹'s first column, so ‖A C⁻¹‖_F² = Σ_j (n − j) β_j²), over the b free
-coefficients with L-BFGS from the ``sqrt`` bands, then normalises. With b = 1, C = I: independent
-noise every round (DP-SGD without amplification).
+coefficients with L-BFGS from the ``sqrt`` bands (kept only if c(x) has no root in the unit disc,
+so the recurrence stays bounded past the horizon), then normalises. With b = 1, C = I:
+independent noise every round (DP-SGD without amplification).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def _optimized(bands: int, n: int) -> tuple[float, ...]:
     result = optimize.minimize(_loss_and_gradient, start, args=(n,), jac=True,
                                method="L-BFGS-B", options={"maxiter": 2000, "ftol": 1e-13,
                                                            "gtol": 1e-10})
-    c = result.x if prefix_error(result.x, n) < prefix_error(start, n) else start
+    stable = bands == 1 or np.abs(np.roots(result.x[::-1])).min() > 1  # C⁻¹ stays bounded
+    c = result.x if stable and prefix_error(result.x, n) < prefix_error(start, n) else start
     return tuple(c / np.linalg.norm(c))
 
 
