@@ -25,6 +25,7 @@ from rayfl.algorithms.base import Aggregate
 from rayfl.fork import fork
 from rayfl.privacy import banded, tree
 from rayfl.privacy.participation import Participation, Schema
+from rayfl.runtime import checkpoint
 from rayfl.transforms.dp import CorrelatedDP, GaussianDP, GaussianDPParams
 from tests.conftest import TINY
 from tests.test_malformed import _refused, cache, no_ray  # noqa: F401 (fixtures)
@@ -445,6 +446,12 @@ def test_a_fork_continues_the_noise_and_the_record(tiny, tmp_path, mechanism):
     src_rows = pq.read_table(os.path.join(src.run_dir, "participation.parquet")).to_pylist()
     before = sorted((r["client"], t) for r in src_rows for t in r["rounds"] if t <= 4)
     assert sorted((r["client"], t) for r in rows for t in r["rounds"] if t <= 4) == before
+    if mechanism is BANDED:  # the bands optimised for the source's 9 rounds go on, not 12's
+        (state,) = checkpoint.load(other.run_dir)["transforms"]
+        assert np.array_equal(state["correlated"]["coefficients"],
+                              banded.coefficients(2, "optimized", 9))
+        assert not np.allclose(banded.coefficients(2, "optimized", 9),
+                               banded.coefficients(2, "optimized", 12))
 
 
 def test_with_no_noise_dp_ftrl_and_banded_mf_give_dp_fedavgs_bytes(tiny):
