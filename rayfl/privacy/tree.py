@@ -148,10 +148,10 @@ def sensitivity_squared(rounds: np.ndarray, horizon: int, restart: int | None = 
 def _max_plus(a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
     """c[m] = max_{i+j=m} a[i] + b[j] for m ≤ limit."""
     out = np.full(min(len(a) + len(b) - 1, limit + 1), -np.inf)
-    for i, ai in enumerate(a[:len(out)]):
-        if ai > -np.inf:
+    for i, left in enumerate(a[:len(out)]):
+        if left > -np.inf:
             span = min(len(b), len(out) - i)
-            out[i:i + span] = np.maximum(out[i:i + span], ai + b[:span])
+            out[i:i + span] = np.maximum(out[i:i + span], left + b[:span])
     return out
 
 
