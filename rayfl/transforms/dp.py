@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -28,6 +29,10 @@ import torch
 from rayfl import schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.transforms import ClientContext, Transform
+
+if TYPE_CHECKING:
+    from rayfl.privacy.banded import BandedNoise
+    from rayfl.privacy.tree import TreeNoise
 
 NOISE_STREAM = 0xD9  # purpose tag of the update noise generator
 COUNT_STREAM = 0xDA  # purpose tag of the clipped-count noise generator
@@ -152,7 +157,7 @@ class CorrelatedDP(GaussianDP):
 
     name = "dp_correlated"
 
-    def __init__(self, params: GaussianDPParams, seed: int, source):
+    def __init__(self, params: GaussianDPParams, seed: int, source: TreeNoise | BandedNoise):
         super().__init__(params, seed)
         self.source = source
 
