@@ -138,15 +138,34 @@ RULES: tuple[Rule, ...] = (
          lambda r: "uniform or auto with privacy (DP-FedAvg's fixed-denominator estimator "
                    "gives every client weight 1)"),
     Rule("availability.model",
-         lambda r: r.cfg.privacy is not None and r.cfg.availability.model != "always",
-         lambda r: "always with privacy (the accountant assumes uniform client sampling)"),
+         lambda r: _mechanism(r) == "dp_fedavg" and r.cfg.availability.model != "always",
+         lambda r: "always with privacy (the accountant assumes uniform client sampling; "
+                   "privacy.mechanism dp_ftrl or banded_mf runs under any availability)"),
     Rule("availability.overcommit",
-         lambda r: r.cfg.privacy is not None and r.cfg.availability.overcommit != 1.0,
+         lambda r: _mechanism(r) == "dp_fedavg" and r.cfg.availability.overcommit != 1.0,
          lambda r: "1 with privacy (the accountant models clients_per_round draws)"),
     Rule("selection.name",
-         lambda r: r.cfg.privacy is not None and r.cfg.selection.name != "uniform",
+         lambda r: _mechanism(r) == "dp_fedavg" and r.cfg.selection.name != "uniform",
          lambda r: "uniform with privacy (the accountant assumes uniform client sampling; "
                    "loss-based selection also reads client data unprotected)"),
+    # ----- privacy (DP-FTRL, banded MF): a bound on participation, not sampling ---------------
+    Rule("selection.name",
+         lambda r: _mechanism(r) not in (None, "dp_fedavg") and r.cfg.selection.name != "uniform",
+         lambda r: f"uniform with privacy.mechanism {_mechanism(r)} (the guarantee needs who "
+                   "takes part to be independent of the clients' data; oort and "
+                   "power_of_choice choose by the training losses clients report unprotected)"),
+    Rule("availability.correlate",
+         lambda r: _mechanism(r) not in (None, "dp_fedavg")
+         and r.cfg.availability.correlate != "none",
+         lambda r: f"none with privacy.mechanism {_mechanism(r)} (who is online would follow "
+                   "the clients' labels: the guarantee treats who takes part when as "
+                   "independent of their data)"),
+    Rule("aggregation.mode", lambda r: _mechanism(r) not in (None, "dp_fedavg")
+         and r.mode != "sync",
+         lambda r: f"sync with privacy.mechanism {_mechanism(r)} (the participation bound is "
+                   "enforced where a synchronous round selects its cohort, and the noise is "
+                   "indexed by rounds; the asynchronous modes dispatch one client at a time "
+                   "and step on arrivals)"),
     # ----- robust rules read single updates ---------------------------------------------------
     *(Rule(key, lambda r, when=when: any(c.traits.needs_updates for c in _transform_classes(r))
            and when(r), lambda r, why=why: f"{why(r)} with {_robust(r)}", value=value)
@@ -227,6 +246,11 @@ RULES: tuple[Rule, ...] = (
            lambda r: f"with aggregation.mode {r.mode} (statistics of models of different "
                      "ages)"))),
 )
+
+
+def _mechanism(run: Run) -> str | None:
+    """The privacy mechanism (None: no privacy section)."""
+    return None if run.cfg.privacy is None else run.cfg.privacy.mechanism
 
 
 def _trainable(cfg) -> int:

@@ -89,7 +89,8 @@ class Config:
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
-        None, doc="user-level differential privacy (DP-FedAvg); ε per round in metrics.parquet")
+        None, doc="user-level differential privacy (DP-FedAvg, DP-FTRL or banded MF); ε per "
+                  "round in metrics.parquet")
     compression: Optional[CompressionConfig] = field(
         None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
                   "upload_bytes per round, and the virtual clock's upload time")
@@ -171,6 +172,10 @@ def check_privacy(cfg: Config) -> None:
     """The ``privacy`` section's own rules: the count's noise share, a reachable target ε."""
     if cfg.privacy is None:
         return
+    if cfg.privacy.mechanism != "dp_fedavg":  # DP-FTRL, banded MF: their own keys' rules
+        from rayfl.privacy.rules import check_run
+
+        check_run(cfg)
     ad = cfg.privacy.adaptive_clip
     if ad is not None:
         sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20
@@ -183,7 +188,7 @@ def check_privacy(cfg: Config) -> None:
     if target is not None:
         from rayfl import privacy
 
-        first = privacy.epsilon(1, **privacy.accounting(cfg))
+        first = privacy.accountant(cfg).epsilon(1)
         if first > target:
             raise ConfigError("privacy.target_epsilon", target,
                               f"at least one round's ε = {first:.4g} (raise it, or the noise)")

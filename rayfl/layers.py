@@ -240,10 +240,12 @@ def structure(tree: Any, path: str = "state", field_of_slot: bool = False,
         out[path] = type(tree).__name__
         for f in dataclasses.fields(tree):  # the tree's own fields are slots, not optional
             out.update(structure(getattr(tree, f.name), f"{path}.{f.name}", not root, False))
-    elif isinstance(tree, (tuple, list)):
-        out[path] = f"{type(tree).__name__} of {len(tree)}"
+    elif isinstance(tree, tuple):  # one entry per layer: its length is structure
+        out[path] = f"tuple of {len(tree)}"
         for i, v in enumerate(tree):
             out.update(structure(v, f"{path}[{i}]", root=False))
+    elif isinstance(tree, list):  # a history that grows: its length is not
+        out[path] = "list"
     elif isinstance(tree, dict):
         out[path] = "dict"
         for k in sorted(tree):

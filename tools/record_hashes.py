@@ -45,6 +45,10 @@ def cases() -> dict[str, list[str]]:
     out["dp"] = ["privacy.noise_multiplier=0.5", "privacy.clip_norm=0.5"]
     out["dp-adaptive"] = ["privacy.noise_multiplier=0.5",
                           "privacy.adaptive_clip={target_quantile: 0.5, count_noise: 1.0}"]
+    out["dp-ftrl"] = ["privacy.mechanism=dp_ftrl", "privacy.noise_multiplier=0.5",
+                      "privacy.clip_norm=0.5", "privacy.min_separation=2", "privacy.honaker=true"]
+    out["banded-mf"] = ["privacy.mechanism=banded_mf", "privacy.noise_multiplier=0.5",
+                        "privacy.clip_norm=0.5", "privacy.min_separation=2"]
     out["topk-ef"] = ["compression.method=topk", "compression.fraction=0.1",
                       "compression.error_feedback=true"]
     out["median"] = ["aggregation.transforms=[{name: median}]"]

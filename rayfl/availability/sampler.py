@@ -65,18 +65,22 @@ class Sampler:
         steps, comm, step_s = self.times(clients)
         return comm + steps * step_s
 
-    def plan(self, t: int, now: float | None = None, losses=None) -> RoundPlan:
+    def plan(self, t: int, now: float | None = None, losses=None,
+             eligible: np.ndarray | None = None) -> RoundPlan:
         """Round ``t``'s plan; ``now`` is its virtual start (default: the end of the last plan);
         ``losses`` (candidate ids -> their losses) scores the candidates of a selector that
-        ``scores_candidates``."""
+        ``scores_candidates``; ``eligible`` (a mask over the clients: a participation bound of
+        the privacy mechanism) removes the others before anyone is sampled."""
         cfg = self.cfg
         start = self.clock if now is None else float(now)
         online = self.model.online(t, start)
         n_online = self.n if online is None else int(np.count_nonzero(online))
         members = np.arange(self.n) if online is None else np.flatnonzero(online)
+        if eligible is not None:
+            members = members[eligible[members]]
         rng = np.random.default_rng([self.seed, t, SAMPLE])
-        if self.poisson_rate is None:  # ceil(K · overcommit) of the online clients
-            m = min(self.draw, n_online)
+        if self.poisson_rate is None:  # ceil(K · overcommit) of the online (eligible) clients
+            m = min(self.draw, len(members))
             sampled = self.selector.select(t, rng, members, m, losses)
         else:  # Poisson sampling (DP accounting): every online client independently
             sampled = members[rng.random(len(members)) < self.poisson_rate]
@@ -113,6 +117,8 @@ class Sampler:
         metrics = {"online": n_online, "sampled": m, "completed": len(clients),
                    "dropped": m - len(clients), "stragglers": int((late | slow).sum()),
                    "virtual_round_s": duration, "virtual_time_s": self.clock}
+        if eligible is not None:
+            metrics["eligible"] = len(members)
         if len(clients):
             metrics["label_tv"] = self.stats.tv(clients)
         else:

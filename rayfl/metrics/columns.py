@@ -16,6 +16,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "lr": ("—", ("local learning rate η_l of the round (after local.lr_decay and the "
                     "algorithm's schedule)")),
         "online": ("clients", "clients the availability model had online at the round's start"),
+        "eligible": ("clients", ("online clients the participation bound let the round "
+                                 "sample (privacy.mechanism dp_ftrl or banded_mf)")),
         "sampled": ("clients", "clients sampled (dispatched plus dropped)"),
         "completed": ("clients", "clients whose update entered the aggregate"),
         "dropped": ("clients", "sampled clients that dropped out or missed the deadline"),
@@ -40,7 +42,9 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "client_drift": ("squared L2", "mean over clients of ‖Δ_k − Δ̄‖² (client drift)"),
         "period_drift": ("squared L2", ("‖Δ̄_t − Δ̄_{t−1}‖², change of the mean update from the "
                                        "previous round (period drift; from round 2)")),
-        "dp_epsilon": ("ε", "privacy spent so far (with `privacy`; δ = privacy.delta)"),
+        "dp_epsilon": ("ε", ("privacy spent so far (with `privacy`; δ = privacy.delta; "
+                            "dp_ftrl/banded_mf: the worst case over the participation bound, "
+                            "each client's own ε in participation.parquet)")),
         "dp_clip_norm": ("L2 norm", ("the clip norm S of the round (privacy.adaptive_clip: it "
                                     "tracks the target quantile of update norms)")),
         "upload_bytes": ("bytes", ("what the round's completed clients uploaded for their "

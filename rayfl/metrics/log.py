@@ -57,9 +57,10 @@ class MetricsLog:
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
                buffers: np.ndarray | None = None,
-               stopped: tuple[int, str] | None = None) -> dict:
+               stopped: tuple[int, str] | None = None, extra: dict | None = None) -> dict:
         """Write the final model (``final_model.npy``, and its buffers ``final_buffers.npy``
-        when it has any), the summary and the accuracy plot; return the summary.
+        when it has any), the summary (with ``extra``'s entries) and the accuracy plot; return
+        the summary.
 
         A diverged run's summary says so (``diverged``, ``diverged_at_round``, and the reason
         the last row gives); so does one ``stopped`` (loop index, reason) early because no
@@ -77,6 +78,7 @@ class MetricsLog:
                 else None
         if stopped is not None:
             summary["stopped_at_round"], summary["stopped"] = stopped[0] + 1, stopped[1]
+        summary.update(extra or {})
         summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
         from rayfl.availability.plots import plot_online

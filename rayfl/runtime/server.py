@@ -52,9 +52,10 @@ class Server:
         self.model = model_for(cfg, handle, "cpu")
         self.loss_fn = criterion(handle)
         dp = cfg.privacy
-        self.accounting = privacy.accounting(cfg) if dp is not None else None
+        self.accountant = privacy.accountant(cfg) if dp is not None else None
         self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
-            privacy.rounds_within(dp.target_epsilon, cfg.rounds, **self.accounting)
+            self.accountant.rounds_within(dp.target_epsilon, cfg.rounds)
+        self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
         poisson = dp is not None and dp.sampling == "poisson"
         w = self.model.w
         self.sampler = make_sampler(
@@ -116,6 +117,8 @@ class Server:
         if self.asynchronous is not None:
             self.asynchronous.restore(ck["asynchronous"])
         self.sampler.selector.load_state(ck.get("selection"))
+        if self.participation is not None:
+            self.participation.load_state(ck["participation"])
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -177,10 +180,19 @@ class Server:
             if diverged or starved:
                 return self.log.finish(self._final_model(), diverged_at=t if diverged else None,
                                        buffers=self._final_buffers(),
-                                       stopped=None if diverged else (t, starved))
+                                       stopped=None if diverged else (t, starved),
+                                       extra=self._participation_report(t + 1))
             if pause and not last:
                 return {"paused_after_round": t}
-        return self.log.finish(self._final_model(), buffers=self._final_buffers())
+        return self.log.finish(self._final_model(), buffers=self._final_buffers(),
+                               extra=self._participation_report(end))
+
+    def _participation_report(self, rounds: int) -> dict:
+        """``participation.parquet`` and its summary entry (mechanisms that bound
+        participation), after ``rounds`` rounds."""
+        if self.participation is None:
+            return {}
+        return privacy.report(self.participation, self.accountant, rounds, self.run_dir)
 
     def round(self, t: int) -> dict:
         """One communication round (in async modes: one server update); returns its row."""
@@ -200,7 +212,9 @@ class Server:
     def _sync_round(self, t: int, lr: float):
         """A synchronous round: the availability model's plan, then the round loop."""
         tick = time.perf_counter()
-        plan = self.sampler.plan(t, self.virtual_time, self._candidate_losses(t))
+        plan = self.sampler.plan(t, self.virtual_time, self._candidate_losses(t),
+                                 None if self.participation is None else
+                                 self.participation.eligible(t))
         num_sampled = len(plan.clients) + len(plan.dropped)
         keep_dir = self._keep_dir(t)
         if keep_dir is not None:
@@ -210,14 +224,16 @@ class Server:
         out = self.loop.run(self.state, t, plan.clients, plan.step_budget, lr, num_sampled,
                             keep_dir)
         self.sampler.selector.observe(t, dict(out.total.client_losses))
+        if self.participation is not None:
+            self.participation.record(t, plan.clients)
         tick = time.perf_counter()
         self.virtual_time += plan.duration
         if keep_dir is not None:
             self._keep_global(keep_dir, out.state)
         out.aggregate_s += time.perf_counter() - tick
         return out, {**plan.metrics,
-                     **({} if self.accounting is None else
-                        {"dp_epsilon": privacy.epsilon(t + 1, **self.accounting)}),
+                     **({} if self.accountant is None else
+                        {"dp_epsilon": self.accountant.epsilon(t + 1)}),
                      "sampled": num_sampled, "plan_s": plan_s}
 
     def _candidate_losses(self, t: int):
@@ -274,7 +290,9 @@ class Server:
             "elapsed": elapsed,
             "asynchronous": None if self.asynchronous is None else
             self.asynchronous.snapshot(),
-            "selection": self.sampler.selector.state()}, keep=keep)
+            "selection": self.sampler.selector.state(),
+            "participation": None if self.participation is None else
+            self.participation.state()}, keep=keep)
         if keep:
             v = self.loop.versions
             self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))

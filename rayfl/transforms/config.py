@@ -90,10 +90,20 @@ class CompressionConfig:
 
 @dataclass(frozen=True)
 class PrivacyConfig:
-    """User-level differential privacy: DP-FedAvg (clip, Gaussian noise, fixed denominator)."""
+    """User-level differential privacy: clip every update, add Gaussian noise to the sum, divide
+    by clients_per_round; the noise is DP-FedAvg's (independent each round), DP-FTRL's (tree
+    aggregation) or banded MF's (correlated across rounds; see `rayfl.privacy`)."""
 
+    mechanism: Literal["dp_fedavg", "dp_ftrl", "banded_mf"] = field(
+        "dp_fedavg", doc="dp_fedavg: independent noise, ε by amplification from uniform "
+                         "sampling (availability always, uniform selection); dp_ftrl: "
+                         "tree-aggregation noise (Kairouz et al. 2021); banded_mf: banded "
+                         "matrix-factorisation noise (Choquette-Choo et al. 2023); the last "
+                         "two take ε from the participation bound (min_separation, "
+                         "max_participations) the server enforces, under any availability")
     noise_multiplier: float = field(1.0, doc="z: the noise on the sum of clipped updates has "
-                                             "standard deviation z·clip_norm", lo=0.0)
+                                             "standard deviation z·clip_norm (dp_ftrl: per tree "
+                                             "node; banded_mf: per row of C·G)", lo=0.0)
     clip_norm: float = field(1.0, doc="S: every client's update Δ_i is scaled to ‖Δ_i‖ ≤ S",
                              lo=0.0, lo_open=True)
     delta: float = field(1e-5, doc="δ of the (ε, δ) guarantee; keep it below 1/clients",
@@ -101,9 +111,11 @@ class PrivacyConfig:
     sampling: Literal["fixed", "poisson"] = field(
         "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
                      "accountant, replace-one neighbours); poisson: each client with "
-                     "probability clients_per_round / clients")
+                     "probability clients_per_round / clients (dp_fedavg only: dp_ftrl and "
+                     "banded_mf take clients_per_round of the eligible online clients)")
     accountant: Literal["rdp", "pld"] = field(
-        "rdp", doc="dp-accounting's RDP or PLD accountant (pld: poisson sampling only)")
+        "rdp", doc="dp-accounting's RDP or PLD accountant (dp_fedavg: pld with poisson "
+                   "sampling only)")
     target_epsilon: Optional[float] = field(
         None, doc="stop after the last round whose ε stays within this (null: run every round)",
         lo=0.0, lo_open=True)
@@ -111,8 +123,29 @@ class PrivacyConfig:
         None, doc="let clip_norm (its start) track a target quantile of the update norms "
                   "(keys target_quantile, learning_rate, count_noise); dp_clip_norm per round")
 
+    min_separation: Optional[int] = field(
+        None, doc="dp_ftrl/banded_mf: b, the fewest rounds between two participations of a "
+                  "client: the server never samples a client within b rounds of its last "
+                  "(null: 1 for dp_ftrl, bands for banded_mf)", lo=1)
+    max_participations: Optional[int] = field(
+        None, doc="dp_ftrl/banded_mf: k, the most rounds a client takes part in; the server "
+                  "samples it no more after that (null: as many as min_separation allows)",
+        lo=1)
+    bands: Optional[int] = field(
+        None, doc="banded_mf: b̂, the bands of the lower-triangular Toeplitz C (1: "
+                  "independent noise); at most min_separation (null: min_separation)", lo=1)
+    band_coefficients: Optional[Literal["sqrt", "optimized"]] = field(
+        None, doc="banded_mf: sqrt, the square-root factorisation of the prefix sums "
+                  "truncated to the bands and normalised to ‖c‖ = 1; optimized, the bands "
+                  "minimising the expected total squared error of the rounds' prefix sums "
+                  "(L-BFGS; null: optimized)")
+    restart: Optional[int] = field(
+        None, doc="dp_ftrl: start a new tree every this many rounds (null: one tree for the "
+                  "run)", lo=1)
+    honaker: bool = field(False, doc="dp_ftrl: Honaker's variance-reduced estimator of the "
+                                     "prefix sums (same ε, less noise)")
+
     def check(self, prefix: str) -> None:
-        if self.accountant == "pld" and self.sampling != "poisson":
-            raise ConfigError(f"{prefix}.accountant", self.accountant,
-                              "rdp with sampling: fixed (dp-accounting's PLD accountant models "
-                              "Poisson sampling only)")
+        from rayfl.privacy.rules import check_section
+
+        check_section(self, prefix)

@@ -1,4 +1,5 @@
-"""DP-FedAvg's Gaussian mechanism as an aggregation transform (see :mod:`rayfl.privacy`).
+"""DP-FedAvg's Gaussian mechanism as an aggregation transform (see :mod:`rayfl.privacy`), and
+DP-FTRL's and banded MF's correlated noise as its subclass :class:`CorrelatedDP`.
 
 Client side: Δ_i ← Δ_i · min(1, S / ‖Δ_i‖) (every client's contribution has norm ≤ S). Server
 side: Δ̄ = (Σ_i Δ_i + N(0, z²S² I)) / K with K the expected number of participants, whatever the
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +29,10 @@ import torch
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.layers import Facts
+
+if TYPE_CHECKING:
+    from rayfl.privacy.banded import BandedNoise
+    from rayfl.privacy.tree import TreeNoise
 from rayfl.transforms import ClientContext, Transform
 
 
@@ -68,7 +74,10 @@ class GaussianDP(Transform):
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "GaussianDP":
-        """The mechanism of a run's ``privacy`` section."""
+        """The mechanism of a run's ``privacy`` section (:class:`CorrelatedDP` for dp_ftrl and
+        banded_mf)."""
+        if privacy.mechanism != "dp_fedavg":
+            return CorrelatedDP.of(privacy, facts)
         ad = privacy.adaptive_clip
         return cls(GaussianDPParams(
             privacy.noise_multiplier, privacy.clip_norm, facts.clients_per_round,
@@ -124,11 +133,15 @@ class GaussianDP(Transform):
         return (centred + draw.standard_normal() * self.count_noise) / self.p.expected_clients \
             + 0.5
 
+    def round_noise(self, slot, t: int, dim: int, clip: float):
+        """(round t's noise on the sum, the slot after it): independent draws here."""
+        return self.noise(t, dim, clip), slot
+
     def aggregate(self, slot: ClipNorm | None, agg: Aggregate, sums: dict, srv
                   ) -> tuple[Aggregate, ClipNorm | None, dict]:
         t, k, used = srv.t, float(self.p.expected_clients), self.clip(slot)
-        noisy = agg.delta_sum + torch.from_numpy(
-            self.noise(t, agg.delta_sum.numel(), used)).to(agg.delta_sum.dtype)
+        noise, slot = self.round_noise(slot, t, agg.delta_sum.numel(), used)
+        noisy = agg.delta_sum + torch.from_numpy(noise).to(agg.delta_sum.dtype)
         if self.adaptive:
             b = self.count_estimate(float(sums.get("unclipped", 0.0)), t)
             slot = ClipNorm(used * math.exp(-self.p.clip_lr * (b - self.p.target_quantile)))
@@ -140,3 +153,42 @@ class GaussianDP(Transform):
         """The slot of a rayfl 0.1 checkpoint's ``{clip_norm, used}``."""
         return ClipNorm(float(old["clip_norm"])) if self.adaptive and "clip_norm" in old \
             else self.init(None)
+
+
+class CorrelatedDP(GaussianDP):
+    """DP-FedAvg's clipping and fixed denominator, with noise correlated across rounds: round t's
+    sum receives z·S times DP-FTRL's n_t − n_{t−1} (:class:`rayfl.privacy.tree.TreeNoise`) or
+    banded MF's w_t = (C⁻¹Z)_t (:class:`rayfl.privacy.banded.BandedNoise`). The generator's
+    state (the tree's O(log t) node values, or the last b − 1 noise vectors) is this layer's
+    server slot: checkpointed, resumed and forked to the same bytes."""
+
+    name = "dp_correlated"
+
+    def __init__(self, params: GaussianDPParams, facts: Facts,
+                 source: "TreeNoise | BandedNoise"):
+        super().__init__(params, facts)
+        self.source = source
+
+    @classmethod
+    def of(cls, privacy, facts: Facts) -> "CorrelatedDP":
+        from rayfl.privacy import bands_of
+        from rayfl.privacy.banded import BandedNoise, coefficients
+        from rayfl.privacy.tree import TreeNoise
+
+        if privacy.mechanism == "dp_ftrl":
+            source = TreeNoise(facts.seed, privacy.restart, privacy.honaker)
+        else:
+            source = BandedNoise(facts.seed, coefficients(
+                bands_of(privacy), privacy.band_coefficients or "optimized", facts.rounds))
+        return cls(GaussianDPParams(privacy.noise_multiplier, privacy.clip_norm,
+                                    facts.clients_per_round), facts, source)
+
+    def init(self, x0: Vec) -> dict:
+        return self.source.fresh_state()
+
+    def round_noise(self, slot: dict, t: int, dim: int, clip: float):
+        """Round t's share of the correlated noise, std z·S per released entry, from the
+        generator's state in ``slot``; the state after it."""
+        self.source.load_state(slot)
+        noise = self.source.round_noise(t, dim) * (self.p.noise_multiplier * clip)
+        return noise, self.source.state()

@@ -1,0 +1,62 @@
+"""User-level differential privacy: three mechanisms and their accounting (``privacy`` section).
+
+- ``dp_fedavg`` (:mod:`rayfl.privacy.fedavg`): clients sampled uniformly, independent Gaussian
+  noise every round; ε from amplification by sampling.
+- ``dp_ftrl`` (:mod:`rayfl.privacy.tree`): tree-aggregation noise correlated across rounds;
+  ε from a bound on participation, no sampling assumed.
+- ``banded_mf`` (:mod:`rayfl.privacy.banded`): noise C⁻¹Z of a b-banded factorisation of the
+  prefix sums; ε from the same kind of bound.
+
+The clipping and the noise are the :class:`rayfl.transforms.dp.GaussianDP` transform and its
+subclass; the participation bound of the last two is enforced and recorded by
+:class:`~rayfl.privacy.participation.Participation`; :func:`accountant` gives a run's ε.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfl.privacy.accounting import (
+    CorrelatedAccountant,
+    FedAvgAccountant,
+    accountant,
+    bands_of,
+    calibrate,
+    schema_of,
+)
+from rayfl.privacy.fedavg import accounting, epsilon, round_event, rounds_within
+from rayfl.privacy.participation import Participation, Schema
+
+CORRELATED = ("dp_ftrl", "banded_mf")  # mechanisms whose guarantee bounds participation
+
+
+def participation(cfg, num_clients: int) -> Participation | None:
+    """The participation record of a run whose mechanism bounds participation (else None)."""
+    p = cfg.privacy
+    if p is None or p.mechanism not in CORRELATED:
+        return None
+    return Participation(num_clients, schema_of(p))
+
+
+def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
+           run_dir: str) -> dict:
+    """Write ``participation.parquet`` (each client's rounds and individual ε after ``horizon``
+    rounds) and return the summary's ``participation`` entry."""
+    ids, rounds = record.by_client()
+    eps = acc.individual(rounds, horizon)
+    record.write(run_dir, eps)
+    counts = np.array([len(r) for r in rounds], dtype=np.int64)
+    return {"participation": {
+        "mechanism": acc.mechanism, "min_separation": record.schema.min_separation,
+        "max_participations": record.schema.bound(horizon),
+        "sensitivity": float(np.sqrt(acc.sensitivity_squared(horizon))),
+        "clients": len(ids),
+        "participations_max": int(counts.max()) if len(counts) else 0,
+        "participations_mean": float(counts.mean()) if len(counts) else 0.0,
+        "epsilon_individual_max": float(eps.max()) if len(eps) else 0.0,
+        "epsilon_individual_median": float(np.median(eps)) if len(eps) else 0.0}}
+
+
+__all__ = ["CORRELATED", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
+           "accountant", "accounting", "bands_of", "calibrate", "epsilon", "participation",
+           "report", "round_event", "rounds_within", "schema_of"]
