@@ -17,11 +17,32 @@ FINETUNE = 0xF17E  # a client's fine-tuning minibatches in the per-client evalua
 # ----- aggregation transforms --------------------------------------------------------------------
 DP_NOISE = 0xD9  # DP-FedAvg's noise on the round's sum
 DP_COUNT = 0xDA  # adaptive clipping's noise on the unclipped count
+TREE_NODES = 0xF7  # DP-FTRL's node noises (key: seed, TREE_NODES, tree, level, index)
+BAND_NOISE = 0xF8  # banded MF's Z_t (key: seed, BAND_NOISE, t)
 SECAGG_ROUNDING = 0x5A  # SecAgg's randomised rounding to the field
 QSGD = 0xC5  # QSGD's stochastic quantisation
 RANDK = 0xC6  # rand-k's coordinates
 ATTACKERS = 0xBAD  # which clients attack
 ATTACK_NOISE = 0xBAD1  # a Gaussian attacker's noise
+
+
+# ----- who takes part: availability, sampling, devices ------------------------------------------
+SAMPLE = 0x5A4D  # which online clients are sampled (key: seed, round, SAMPLE)
+ONLINE = 0x0A71  # per-round online coin flips (bernoulli, diurnal)
+DROPOUT = 0xD209  # mid-round failures
+STRAGGLE = 0x5792  # which clients straggle and how much work they finish (FedProx)
+PROPENSITY = 0xBE7A  # per-client online probabilities (bernoulli)
+ZONE = 0x2011E  # time-zone assignment (diurnal)
+LABEL_RANK = 0x1ABE  # order of labels when availability follows data
+DEVICE = 0xDE71  # compute speed and bandwidth per client
+# ----- data -----------------------------------------------------------------------------------------
+PARTITION = 0xDA7A  # the partition of a dataset's rows among clients
+HOLDOUT = 0x401D  # the rows each client holds out for per-client evaluation
+REGIME = 0xD21F7  # the drift regimes' per-round re-split
+SHAKESPEARE_SPLIT = 0x5A4C  # each role's train/test draw (shakespeare)
+SYNTHETIC = 0x5EED  # the synthetic dataset's draws
+SYNTHETIC_FEDPROX = 0xFED9  # FedProx's synthetic(α, β) draws
+MOVIELENS = 0x4D4C  # MovieLens' negative samples
 
 
 def stream(seed: int, *key: int) -> np.random.Generator:

@@ -15,7 +15,7 @@ from rayfl.algorithms.base import Algorithm, ClientResult
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.server_opt import sgd
 from rayfl.algorithms.wrapper import ServerWrapper
-from rayfl.layers import ClientState, Facts, Layer, ServerState, Stack, mismatch
+from rayfl.layers import ClientState, Layer, Stack, mismatch
 from rayfl.runtime.client_state import decode, encode
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec

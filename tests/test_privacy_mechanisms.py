@@ -26,6 +26,8 @@ from rayfl.fork import fork
 from rayfl.privacy import banded, tree
 from rayfl.privacy.participation import Participation, Schema
 from rayfl.runtime import checkpoint
+from rayfl.algorithms.base import ServerRound
+from rayfl.layers import Facts
 from rayfl.transforms.dp import CorrelatedDP, GaussianDP, GaussianDPParams
 from tests.conftest import TINY
 from tests.test_malformed import _refused, cache, no_ray  # noqa: F401 (fixtures)
@@ -348,12 +350,16 @@ def test_with_no_noise_the_mechanisms_add_nothing_to_dp_fedavgs_clipped_sum():
     total = torch.randn(50, dtype=torch.float64)
     agg = Aggregate(5, 5, 20, 5.0, total / 5, total, 1.0, {})
     params = GaussianDPParams(noise_multiplier=0.0, clip_norm=0.5, expected_clients=10)
-    want = GaussianDP(params, seed=1).aggregate(agg, 0)
+    srv = ServerRound(0, total, 20, None, None)
+    plain = GaussianDP(params, Facts(seed=1))
+    want = plain.aggregate(plain.init(total), agg, {}, srv)[0]
     for source in (tree.TreeNoise(1, None, True), banded.BandedNoise(
             1, banded.coefficients(3, "optimized", 10))):
-        got = CorrelatedDP(params, 1, source).aggregate(agg, 0)
+        mech = CorrelatedDP(params, Facts(seed=1), source)
+        got, slot, _ = mech.aggregate(mech.init(total), agg, {}, srv)
         assert torch.equal(got.delta_sum, want.delta_sum)
         assert torch.equal(got.delta_mean, want.delta_mean)
+        assert slot["next_round"] == 1  # the generator moved on a round, in the slot
 
 
 def test_eligibility_and_the_record():
@@ -447,8 +453,8 @@ def test_a_fork_continues_the_noise_and_the_record(tiny, tmp_path, mechanism):
     before = sorted((r["client"], t) for r in src_rows for t in r["rounds"] if t <= 4)
     assert sorted((r["client"], t) for r in rows for t in r["rounds"] if t <= 4) == before
     if mechanism is BANDED:  # the bands optimised for the source's 9 rounds go on, not 12's
-        (state,) = checkpoint.load(other.run_dir)["transforms"]
-        assert np.array_equal(state["correlated"]["coefficients"],
+        (state,) = checkpoint.load(other.run_dir)["state"].fields["transforms"]  # its slot
+        assert np.array_equal(state["coefficients"],
                               banded.coefficients(2, "optimized", 9))
         assert not np.allclose(banded.coefficients(2, "optimized", 9),
                                banded.coefficients(2, "optimized", 12))

@@ -10,7 +10,7 @@ import torch
 
 import rayfl
 from rayfl import config as config_mod
-from rayfl.availability.base import SAMPLE
+from rayfl.rng import SAMPLE
 from rayfl.data import prepare
 from rayfl.models import build_for
 from rayfl.schema import ConfigError

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from rayfl.analysis.evaluate import EvalData, predict, score
+from rayfl.rng import stream
 from rayfl.data.regime import RESPLIT, regime_rows
 
 ESTIMATORS = {
@@ -94,7 +95,7 @@ def decompose_round(run, t: int, test: EvalData, max_samples: int | None = None,
     index = np.concatenate([rows[i] for i in ids])
     owner = np.repeat(np.arange(len(ids)), n_k.astype(np.int64))
     if max_samples is not None and max_samples < len(index):
-        pick = np.sort(np.random.default_rng([cfg.seed, t]).choice(len(index), max_samples,
+        pick = np.sort(stream(cfg.seed, t).choice(len(index), max_samples,
                                                                    replace=False))
         index, owner = index[pick], owner[pick]
     data = EvalData("train", index, "cohort training rows")

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rayfl.rng import LABEL_RANK, stream
+
 
 @dataclass
 class RoundPlan:
@@ -40,7 +42,7 @@ class Context:
         """Clients ranked by dominant label when ``availability.correlate: label``, else None."""
         if self.correlate != "label":
             return None
-        perm = np.random.default_rng([self.seed, LABEL_RANK]).permutation(self.stats.num_classes)
+        perm = stream(self.seed, LABEL_RANK).permutation(self.stats.num_classes)
         return perm[self.stats.dominant()].astype(np.int32)  # dominant label, seeded relabel
 
 
@@ -72,15 +74,6 @@ class AvailabilityModel:
         return None
 
 
-# Purpose keys: every draw comes from np.random.default_rng([seed, (round,) PURPOSE]).
-SAMPLE = 0x5A4D  # which online clients are sampled
-ONLINE = 0x0A71  # per-round online coin flips (bernoulli, diurnal)
-DROPOUT = 0xD209  # mid-round failures
-STRAGGLE = 0x5792  # which clients straggle and how much work they finish (FedProx)
-PROPENSITY = 0xBE7A  # per-client online probabilities (bernoulli)
-ZONE = 0x2011E  # time-zone assignment (diurnal)
-LABEL_RANK = 0x1ABE  # order of labels when availability follows data
-DEVICE = 0xDE71  # compute speed and bandwidth per client
 
 # What reading a malformed trace or capacity file (pickle, CSV, Parquet) can raise.
 READ_ERRORS = (OSError, EOFError, ImportError, pickle.UnpicklingError, KeyError, IndexError,

@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from rayfl.availability.base import ONLINE, PROPENSITY, AvailabilityModel
+from rayfl.availability.base import AvailabilityModel
+from rayfl.rng import ONLINE, PROPENSITY, stream
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.schema import ConfigError
 
@@ -28,7 +29,7 @@ class Bernoulli(AvailabilityModel):
     """Independent per-round coin flips with per-client probabilities ``p``."""
 
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None):
-        rng = np.random.default_rng([seed, PROPENSITY])
+        rng = stream(seed, PROPENSITY)
         p = propensities(cfg.mean, cfg.spread, n, rng)
         if ranks is not None:  # lowest label rank gets the lowest probabilities
             order = np.lexsort((rng.random(n), ranks))
@@ -50,5 +51,5 @@ class Bernoulli(AvailabilityModel):
         return cls(cfg, ctx.num_clients, ctx.seed, ctx.ranks())
 
     def online(self, t: int, now: float) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, t, ONLINE])
+        rng = stream(self.seed, t, ONLINE)
         return rng.random(self.p.size, dtype=np.float32) < self.p

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from rayfl import safe_pickle
-from rayfl.availability.base import DEVICE, READ_ERRORS, one_line
+from rayfl.availability.base import READ_ERRORS, one_line
+from rayfl.rng import DEVICE, stream
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.schema import ConfigError
 
@@ -35,7 +36,7 @@ class Devices:
             self.speed = np.resize(comp * FEDSCALE_TRAIN_FACTOR / 1000.0, n)
             self.bandwidth = np.resize(comm / 1000.0, n)
         else:
-            rng = np.random.default_rng([seed, DEVICE])
+            rng = stream(seed, DEVICE)
             self.speed = lognormal(cfg.speed_mean, cfg.speed_sigma, n, rng)
             self.bandwidth = lognormal(cfg.bandwidth_mean, cfg.bandwidth_sigma, n, rng)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfl.availability.base import ONLINE, ZONE, AvailabilityModel
+from rayfl.availability.base import AvailabilityModel
+from rayfl.rng import ONLINE, ZONE, stream
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.schema import ConfigError
 
@@ -20,7 +21,7 @@ class Diurnal(AvailabilityModel):
     def __init__(self, cfg: AvailabilityConfig, n: int, seed: int, ranks: np.ndarray | None,
                  num_classes: int):
         if ranks is None:
-            zone = np.random.default_rng([seed, ZONE]).integers(cfg.zones, size=n)
+            zone = stream(seed, ZONE).integers(cfg.zones, size=n)
         else:
             zone = ranks.astype(np.int64) * cfg.zones // num_classes
         self.zone = zone.astype(np.int32)
@@ -47,4 +48,4 @@ class Diurnal(AvailabilityModel):
 
     def online(self, t: int, now: float) -> np.ndarray:
         p = self.curve(now).astype(np.float32)[self.zone]
-        return np.random.default_rng([self.seed, t, ONLINE]).random(p.size, dtype=np.float32) < p
+        return stream(self.seed, t, ONLINE).random(p.size, dtype=np.float32) < p

@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-from rayfl.availability.base import DROPOUT, SAMPLE, STRAGGLE, RoundPlan
+from rayfl.availability.base import RoundPlan
+from rayfl.rng import DROPOUT, SAMPLE, STRAGGLE, stream
 from rayfl.availability.checked import CheckedAvailability
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import Devices
@@ -78,14 +79,14 @@ class Sampler:
         members = np.arange(self.n) if online is None else np.flatnonzero(online)
         if eligible is not None:
             members = members[eligible[members]]
-        rng = np.random.default_rng([self.seed, t, SAMPLE])
+        rng = stream(self.seed, t, SAMPLE)
         if self.poisson_rate is None:  # ceil(K · overcommit) of the online (eligible) clients
             m = min(self.draw, len(members))
             sampled = self.selector.select(t, rng, members, m, losses)
         else:  # Poisson sampling (DP accounting): every online client independently
             sampled = members[rng.random(len(members)) < self.poisson_rate]
             m = len(sampled)
-        failed = np.random.default_rng([self.seed, t, DROPOUT]).random(m) < cfg.dropout
+        failed = stream(self.seed, t, DROPOUT).random(m) < cfg.dropout
         alive = sampled[~failed].astype(np.int64)
 
         steps, comm, step_s = self.times(alive)
@@ -158,7 +159,7 @@ class Sampler:
         count = int(round(self.cfg.stragglers * len(steps)))
         if count == 0:
             return slow
-        rng = np.random.default_rng([self.seed, t, STRAGGLE])
+        rng = stream(self.seed, t, STRAGGLE)
         slow[rng.choice(len(steps), count, replace=False)] = True
         spec = self.spec
         units = np.full(len(steps), spec.steps) if spec.steps is not None else np.full(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-HOLDOUT_STREAM = 0x401D  # purpose tag of the held-out row generator
+from rayfl.rng import HOLDOUT, stream
+
 
 
 def holdout_counts(sizes: np.ndarray, num_train: int, fraction: float) -> np.ndarray:
@@ -28,13 +29,13 @@ def carve(order: np.ndarray, offsets: np.ndarray, num_train: int, fraction: floa
 
     Returns ``(train_order, train_offsets, holdout_order, holdout_offsets)``; both keep the rows
     of a client in their stored order, and client i's held-out rows are the k_i of its rows
-    with the smallest keys of a uniform draw keyed by ``(seed, HOLDOUT_STREAM)``.
+    with the smallest keys of a uniform draw keyed by ``(seed, HOLDOUT)``.
     """
     offsets = np.asarray(offsets, dtype=np.int64)
     sizes = np.diff(offsets)
     k = holdout_counts(sizes, num_train, fraction)
     owner = np.repeat(np.arange(len(sizes)), sizes)
-    keys = np.random.default_rng([seed, HOLDOUT_STREAM]).random(len(owner))
+    keys = stream(seed, HOLDOUT).random(len(owner))
     by_key = np.lexsort((keys, owner))  # rows grouped by client, each client's by key
     rank = np.empty(len(owner), dtype=np.int64)
     rank[by_key] = np.arange(len(owner)) - offsets[owner[by_key]]

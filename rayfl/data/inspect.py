@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 
+from rayfl.rng import SAMPLE, stream
+
 from rayfl.data.regime import regime_rows
 
 CHUNK = 1 << 16  # clients per bincount block (bounds the clients × classes scratch)
@@ -69,7 +71,7 @@ def regime_drift(reader, regime: str | None, clients_per_round: int, rounds: int
     n = len(reader.offsets) - 1
     period, client = np.zeros(rounds), np.zeros(rounds)
     for t in range(rounds):
-        ids = np.random.default_rng([seed, t, 0x5A4D]).choice(n, clients_per_round, replace=False)
+        ids = stream(seed, t, SAMPLE).choice(n, clients_per_round, replace=False)
         rows = regime_rows(reader, regime, ids, t, seed)
         per = np.stack([np.bincount(reader.y[r], minlength=num_classes) for r in rows.values()])
         pool = _dist(per.sum(0))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rayfl.rng import PARTITION, stream
+
 from rayfl.schema import ConfigError
 
 
@@ -154,7 +156,7 @@ def natural(groups: np.ndarray, num_clients: int) -> tuple[np.ndarray, np.ndarra
 
 def split(cfg, arrays, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(order, offsets) for the configured (stored) partition of ``arrays``' training rows."""
-    rng = np.random.default_rng([seed, 0xDA7A])
+    rng = stream(seed, PARTITION)
     labels, n, num = arrays.y_train, len(arrays.y_train), cfg.num_clients
     kind = cfg.stored_partition
     if kind == "natural":

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from rayfl.rng import REGIME, stream
+
 from rayfl.data import partition as part
 from rayfl.schema import ConfigError
 
 RESPLIT = ("period_only", "client_only")
-REGIME_STREAM = 0xD21F7  # purpose tag of the per-round re-split generator
 
 
 def check_regime(cfg, handle) -> None:
@@ -40,7 +41,7 @@ def regime_rows(reader, regime: str | None, sampled_ids, t: int, seed: int,
     ends = np.cumsum(sizes)
     pool = np.repeat(lo - (ends - sizes), sizes) + np.arange(int(ends[-1]) if len(ids) else 0)
     if regime in RESPLIT:
-        rng = np.random.default_rng([seed, t, REGIME_STREAM])
+        rng = stream(seed, t, REGIME)
         if regime == "period_only":
             pool = pool[rng.permutation(len(pool))]
         else:

@@ -34,7 +34,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import optimize, signal
 
-BAND_STREAM = 0xF8  # purpose tag of Z_t's generator
+from rayfl import rng
+
 
 
 def sqrt_coefficients(bands: int) -> np.ndarray:
@@ -122,7 +123,7 @@ class BandedNoise:
 
     def z(self, t: int, dim: int) -> np.ndarray:
         """Z_t: standard normal, keyed by (seed, t)."""
-        return np.random.default_rng([self.seed, BAND_STREAM, t]).standard_normal(dim)
+        return rng.stream(self.seed, rng.BAND_NOISE, t).standard_normal(dim)
 
     def round_noise(self, t: int, dim: int) -> np.ndarray:
         """w_t: what round ``t``'s sum receives."""

@@ -41,7 +41,8 @@ from functools import cache
 
 import numpy as np
 
-NODE_STREAM = 0xF7  # purpose tag of the node-noise generators
+from rayfl import rng
+
 
 
 def honaker_weights(levels: int) -> np.ndarray:
@@ -69,8 +70,7 @@ class TreeNoise:
 
     def node(self, tree: int, level: int, index: int, dim: int) -> np.ndarray:
         """z_ν of node (tree, level, index): standard normal, regenerable from the seed."""
-        rng = np.random.default_rng([self.seed, NODE_STREAM, tree, level, index])
-        return rng.standard_normal(dim)
+        return rng.stream(self.seed, rng.TREE_NODES, tree, level, index).standard_normal(dim)
 
     def prefix(self, dim: int) -> np.ndarray:
         """n_{t} of the current tree after the last round (zeros before its first round)."""

@@ -47,7 +47,7 @@ import torch
 
 from rayfl.algorithms.base import Aggregate
 from rayfl.layers import ServerState as State
-from rayfl.availability.base import DROPOUT, SAMPLE
+from rayfl.rng import DROPOUT, SAMPLE, stream
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.async_config import Settings
 from rayfl.runtime.loop import RoundLoop, RoundOutcome, merge
@@ -91,8 +91,8 @@ class Dispatcher:
         mask[busy] = False
         pool = np.flatnonzero(mask)
         m = min(free, len(pool))
-        sampled = np.random.default_rng([self.seed, d, SAMPLE]).choice(pool, m, replace=False)
-        fate = np.random.default_rng([self.seed, d, DROPOUT])
+        sampled = stream(self.seed, d, SAMPLE).choice(pool, m, replace=False)
+        fate = stream(self.seed, d, DROPOUT)
         failed, when = fate.random(m) < self.dropout, fate.random(m)
         n_i = s.sizes[sampled]
         steps = np.array([s.spec.num_steps(int(v)) for v in n_i], dtype=np.int64)

@@ -186,6 +186,12 @@ class CorrelatedDP(GaussianDP):
     def init(self, x0: Vec) -> dict:
         return self.source.fresh_state()
 
+    def clip(self, slot: dict) -> float:
+        return self.p.clip_norm  # fixed: its releases share noise calibrated to one S
+
+    def broadcast(self, slot: dict, t: int) -> dict[str, Vec]:
+        return {}
+
     def round_noise(self, slot: dict, t: int, dim: int, clip: float):
         """Round t's share of the correlated noise, std z·S per released entry, from the
         generator's state in ``slot``; the state after it."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rayfl.rng import SYNTHETIC_FEDPROX, stream
+
 from rayfl.data.datasets import Arrays
 
 natural = True  # every training row carries its writer/user (partition: natural)
@@ -30,7 +32,7 @@ def client_sizes(cfg, rng: np.random.Generator) -> np.ndarray:
 def load(cfg, seed: int) -> Arrays:
     """Float32 rows of ``data.features`` inputs, ``data.classes`` labels, grouped by client."""
     d, c, n = cfg.features, cfg.classes, cfg.num_clients
-    rng = np.random.default_rng([seed, 0xFED9])
+    rng = stream(seed, SYNTHETIC_FEDPROX)
     sizes = client_sizes(cfg, rng)
     tests = rng.multinomial(cfg.test_samples, sizes / sizes.sum())
     sd = np.arange(1, d + 1, dtype=np.float64) ** -0.6  # sqrt of the covariance diagonal
@@ -38,7 +40,7 @@ def load(cfg, seed: int) -> Arrays:
                   np.r_[0, np.cumsum(k)]) for part, k in (("tr", sizes), ("te", tests))}
     for lo in range(0, n, BLOCK):
         hi = min(lo + BLOCK, n)
-        r = np.random.default_rng([seed, 0xFED9, lo])
+        r = stream(seed, SYNTHETIC_FEDPROX, lo)
         u = r.normal(0, cfg.synthetic_alpha, hi - lo)
         w = r.normal(u[:, None, None], 1, (hi - lo, d, c))
         b = r.normal(u[:, None], 1, (hi - lo, c))

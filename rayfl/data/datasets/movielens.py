@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
+from rayfl.rng import MOVIELENS, stream
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
@@ -105,7 +107,7 @@ def load(cfg, seed: int) -> Arrays:
     last = np.r_[u[1:] != u[:-1], True]  # each user's latest rating is the test positive
     items = len(movie_ids)
     rated = np.unique(u * items + m)
-    rng = np.random.default_rng([seed, 0x4D4C])
+    rng = stream(seed, MOVIELENS)
     tu, tm, pu = u[~last], m[~last], u[last]
     nu = np.repeat(tu, TRAIN_NEG)
     nm = _negatives(nu, rated, items, rng, distinct=False)

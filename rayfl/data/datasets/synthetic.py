@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rayfl.rng import SYNTHETIC, stream
+
 from rayfl.data.datasets import Arrays
 from rayfl.schema import ConfigError
 
@@ -22,11 +24,11 @@ def load(cfg, seed: int) -> Arrays:
     ``num_clients × samples_per_client`` training rows."""
     features, classes, test_samples = cfg.features, cfg.classes, cfg.test_samples
     train_samples = cfg.num_clients * cfg.samples_per_client
-    rng = np.random.default_rng([seed, 0x5EED])
+    rng = stream(seed, SYNTHETIC)
     means = rng.normal(0.0, 1.0, size=(classes, features)).astype(np.float32) * 0.4
 
-    def draw(n: int, stream: int):
-        r = np.random.default_rng([seed, stream])
+    def draw(n: int, part: int):
+        r = stream(seed, part)
         y = r.integers(0, classes, size=n)
         x = np.empty((n, features), dtype=np.float32)
         for lo in range(0, n, CHUNK):  # the same stream as one draw, at a fraction of the memory
