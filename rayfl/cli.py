@@ -89,7 +89,7 @@ def dry_run(source, overrides, entries: list[str] | None = None,
 
     from rayfl import config as config_mod
     from rayfl.data.inspect import summary
-    from rayfl.simulation import _prepare
+    from rayfl.simulation import preflight as _prepare
 
     cfg = config_mod.load(source, overrides)
     if entries is not None:

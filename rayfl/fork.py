@@ -19,13 +19,12 @@ import numpy as np
 from rayfl import algorithms, rundir
 from rayfl import config as config_mod
 from rayfl.config import ConfigError
-from rayfl.metrics import provenance, tables
+from rayfl.metrics import tables
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.messages import message_name
 from rayfl.runtime.state_store import state_name
 from rayfl.runtime.storage import Storage
-from rayfl.simulation import (RunResult, _check_local_ray, _check_max_rounds, _ensure_ray,
-                              _execute, _prepare, new_run_dir)
+from rayfl.simulation import RunResult, check_request, launch, new_run_dir, preflight
 
 #: config keys a fork cannot change: they shape the data, the model and the state it inherits
 FIXED = ("data.", "model.", "algorithm.name", "privacy.", "seed")
@@ -67,8 +66,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     """
     source_dir = os.path.abspath(source_dir)
     source, cfg = fork_config(source_dir, at, overrides)
-    _check_max_rounds(max_rounds)
-    _check_local_ray(cfg)
+    check_request(cfg, max_rounds)
     src_location = storage.run_location(source, source_dir)
     ck = checkpoint.load_kept(src_location, at)
     src_state = Storage(storage.state_root(source, source_dir))
@@ -82,7 +80,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
-    handle = _prepare(cfg)
+    handle = preflight(cfg)
     stack = algorithms.build(cfg, handle.num_clients)
     source_stack = algorithms.build(source, handle.num_clients)
     state = checkpoint.server_state(source_stack, ck, checkpoint.path_of(src_location))
@@ -92,18 +90,10 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
         raise ConfigError("--at", at, str(e)) from None
     ck.pop("transforms", None)  # rayfl 0.1 kept them beside the state
     ck.pop("buffers", None)
-    _ensure_ray(cfg)
-    rundir.check_new(run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    lock = rundir.Lock(run_dir)
-    try:
-        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))  # first: config.yaml
-        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
-        _copy_prefix(source, source_dir, cfg, run_dir, ck)
-        provenance.record(run_dir, cfg, forked_from={"run_dir": source_dir, "round": at})
-        return _execute(cfg, handle, run_dir, True, quiet, max_rounds, on_round)
-    finally:
-        lock.release()
+    return launch(cfg, handle, run_dir, resume=True, new=True, quiet=quiet,
+                  max_rounds=max_rounds, on_round=on_round,
+                  write=lambda d: _copy_prefix(source, source_dir, cfg, d, ck),
+                  forked_from={"run_dir": source_dir, "round": at})
 
 
 def _copy_prefix(source, source_dir: str, cfg, run_dir: str, ck: dict) -> None:

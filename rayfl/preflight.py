@@ -1,6 +1,6 @@
 """Pre-flight: every component the user brings runs once before the run directory is made.
 
-The checks before a run (:func:`rayfl.simulation._prepare`) build the model and run it on a
+The checks before a run (:func:`rayfl.simulation.preflight`) build the model and run it on a
 real batch (:func:`rayfl.models.check_fits`); this module runs the rest of the user's code once,
 in this process, on the run's real data and population:
 
@@ -73,7 +73,9 @@ def _worker(cfg, handle, state_root: str):
     """A client worker on the CPU of this process, its client state under ``state_root``."""
     from rayfl.runtime.client_actor import ClientWorker
 
-    cpu = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, gpus_per_actor=0.0))
+    from rayfl.runtime.client_actor import WorkerParts
+
+    cpu = dataclasses.replace(WorkerParts.of(cfg, handle.num_clients), gpus=0.0)
     return ClientWorker(cpu, handle, state_root, cfg.runtime.state_memory_mb * 2**20)
 
 

@@ -155,7 +155,8 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
             from None
     new = result_keys(plain)
     unset = "<unset>"
-    differ = sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset))
+    differ = sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset)
+                    and not (k not in old and new[k] == default_of(k)))
     if differ:
         shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} → {new.get(k, '<unset>')!r}"
                           for k in differ[:5])
@@ -164,6 +165,34 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
                           "runtime.* (not logical_shards or storage), output_dir, data.root, "
                           "data.fetch, data.cache_dir, checkpoint.every, checkpoint.keep and "
                           "availability.max_empty_rounds may change")
+
+
+def default_of(key: str):
+    """The default of a dotted run-config key (a key added by a later rayfl version, absent from
+    an older run's fingerprint, counts as unchanged at its default); a sentinel for none."""
+    import dataclasses
+    import typing
+
+    from rayfl.config import Config
+
+    node: typing.Any = Config
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) \
+            else {}
+        if part not in fields:
+            return _NO_DEFAULT
+        f = fields[part]
+        hint = typing.get_type_hints(node).get(part)
+        kinds = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        nested = next((k for k in kinds if dataclasses.is_dataclass(k)), None)
+        if nested is not None:
+            node = nested
+            continue
+        return f.default if f.default is not dataclasses.MISSING else _NO_DEFAULT
+    return _NO_DEFAULT
+
+
+_NO_DEFAULT = object()
 
 
 def check_metrics(run_dir: str) -> None:

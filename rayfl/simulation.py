@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
-from rayfl import algorithms, compat, failures, preflight
+from rayfl import algorithms, compat, failures
+from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
@@ -75,7 +76,7 @@ def _check_local_ray(cfg: Config) -> None:
 def _start(cfg: Config, handle, run_dir: str, resume: bool):
     import ray
 
-    from rayfl.runtime.client_actor import ClientActor
+    from rayfl.runtime.client_actor import ClientActor, WorkerParts
     from rayfl.runtime.placement import on_driver_node
     from rayfl.runtime.server import ServerActor
 
@@ -85,11 +86,12 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
     state_root = storage.state_root(cfg, run_dir)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
+    parts = ray.put(WorkerParts.of(cfg, handle.num_clients))  # built once, for every actor
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
                                   runtime_env={"env_vars": env} if env else None)
-              .remote(cfg, handle, state_root, budget) for n in names]
+              .remote(parts, handle, state_root, budget) for n in names]
     tick = time.perf_counter()
     placement = ray.get([a.ready.remote() for a in actors])
     startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
@@ -180,24 +182,6 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     return " | ".join(parts)
 
 
-def _prepare(cfg: Config):
-    """The partition store, checked against the model and the availability files, before
-    anything else starts."""
-    from rayfl.availability import check_files
-
-    handle = prepare(cfg.data, cfg.seed)
-    model = check_fits(cfg.model, handle)
-    compat.check_model(cfg, model)
-    check_model(cfg, model, handle)
-    check_data(cfg, handle)
-    check_regime(cfg.data, handle)
-    check_single_rows(model, handle, cfg.local.batch_size)
-    check_files(cfg.availability, handle.num_clients)
-    algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
-    preflight.run(cfg, handle)  # each of the user's components once, nothing written
-    return handle
-
-
 def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
                    max_rounds: int | None, on_round) -> dict:
     """The whole run in this process (``runtime.executor: inprocess``): no Ray at all."""
@@ -270,6 +254,57 @@ def load_result(run_dir: str) -> RunResult:
                      np.load(os.path.join(run_dir, "final_model.npy")))
 
 
+def check_request(cfg: Config, max_rounds: int | None) -> None:
+    """What a launch asks for that no config key holds: ``--max-rounds``, and actors a local
+    Ray can host."""
+    _check_max_rounds(max_rounds)
+    _check_local_ray(cfg)
+
+
+def preflight(cfg: Config):
+    """The partition store, checked against the model, the layers and the availability files,
+    and the user's components run once (:mod:`rayfl.preflight`), before anything is written."""
+    from rayfl.availability import check_files
+
+    handle = prepare(cfg.data, cfg.seed)
+    model = check_fits(cfg.model, handle)
+    compat.check_model(cfg, model)
+    check_model(cfg, model, handle)
+    check_data(cfg, handle)
+    check_regime(cfg.data, handle)
+    check_single_rows(model, handle, cfg.local.batch_size)
+    check_files(cfg.availability, handle.num_clients)
+    algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
+    user_preflight.run(cfg, handle)  # each of the user's components once, nothing written
+    return handle
+
+
+def launch(cfg: Config, handle, run_dir: str, *, resume: bool, new: bool, quiet: bool,
+           max_rounds: int | None, on_round, write=None, forked_from: dict | None = None
+           ) -> RunResult:
+    """The launch every command shares once its own checks passed: Ray, the run directory (made
+    here when ``new``: config, fingerprint, then ``write(run_dir)``, a fork's copied prefix),
+    its lock, provenance, then the run (from the checkpoint in ``run_dir`` when ``resume``)."""
+    if new:  # Ray first: a cluster that cannot be joined leaves no directory behind
+        _ensure_ray(cfg)
+        rundir.check_new(run_dir)  # still free after the checks
+        os.makedirs(run_dir, exist_ok=True)
+    lock = rundir.Lock(run_dir)  # refused while another process writes the run
+    try:
+        if not new:
+            _ensure_ray(cfg)
+        if new:
+            rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))  # first: config.yaml
+            config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
+            if write is not None:
+                write(run_dir)
+        provenance.record(run_dir, cfg, **({"forked_from": forked_from} if forked_from
+                                           else {}))
+        return _execute(cfg, handle, run_dir, resume, quiet, max_rounds, on_round)
+    finally:
+        lock.release()
+
+
 def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = None,
         quiet: bool = False, max_rounds: int | None = None, on_round=None) -> RunResult:
     """Run one experiment from a config path, dict or :class:`Config`.
@@ -281,24 +316,14 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     Every check that can fail runs before the run directory is created.
     """
     cfg = config_mod.load(source, overrides)
-    _check_max_rounds(max_rounds)
-    _check_local_ray(cfg)
+    check_request(cfg, max_rounds)
     key = "--run-dir" if run_dir else "output_dir"
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
     rundir.check_new(run_dir, key)
     storage.check_new_run(cfg, run_dir)
-    handle = _prepare(cfg)  # missing data or a mismatched model: an error, no run directory
-    _ensure_ray(cfg)
-    rundir.check_new(run_dir, key)  # still free after the checks
-    os.makedirs(run_dir, exist_ok=True)
-    lock = rundir.Lock(run_dir)
-    try:
-        rundir.write_fingerprint(run_dir, config_mod.to_dict(cfg))  # first: config.yaml
-        config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
-        provenance.record(run_dir, cfg)
-        return _execute(cfg, handle, run_dir, False, quiet, max_rounds, on_round)
-    finally:
-        lock.release()
+    handle = preflight(cfg)  # missing data or a mismatched model: an error, no run directory
+    return launch(cfg, handle, run_dir, resume=False, new=True, quiet=quiet,
+                  max_rounds=max_rounds, on_round=on_round)
 
 
 def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
@@ -311,8 +336,8 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError("run_dir", run_dir, "a run directory holding config.yaml")
-    _check_max_rounds(max_rounds)
     cfg = config_mod.load(path)
+    check_request(cfg, max_rounds)
     location = storage.run_location(cfg, run_dir)
     # damaged, incomplete or lost though one was committed: a clear error before Ray starts
     has_checkpoint = checkpoint.resume_point(location, run_dir)
@@ -320,12 +345,6 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
         print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     rundir.check_metrics(run_dir)
-    _check_local_ray(cfg)
-    lock = rundir.Lock(run_dir)
-    try:
-        handle = _prepare(cfg)
-        _ensure_ray(cfg)
-        provenance.record(run_dir, cfg)
-        return _execute(cfg, handle, run_dir, has_checkpoint, quiet, max_rounds, on_round)
-    finally:
-        lock.release()
+    handle = preflight(cfg)
+    return launch(cfg, handle, run_dir, resume=has_checkpoint, new=False, quiet=quiet,
+                  max_rounds=max_rounds, on_round=on_round)

@@ -30,7 +30,7 @@ def kept(ray_local, tmp_path_factory):
 
 def _own_losses(run, data, vectors):
     """Each model's (loss, accuracy), evaluated in this process, one model at a time."""
-    model = model_for(run.cfg, run.handle, "cpu")
+    model = model_for(run.cfg.model, run.cfg.seed, run.handle, "cpu")
     reader = run.handle.open()
     x, y = reader.tensors(*data.arrays(reader), "cpu")
     return np.array([model.evaluate(torch.from_numpy(np.asarray(v, np.float32)), x, y,

@@ -87,7 +87,7 @@ def replayed_counts(cfg) -> np.ndarray:
     """DP-FedAvg's participations per client: the sampler's plans for the run's seed."""
     from rayfl.availability import make_sampler
     from rayfl.runtime.local import spec_from_config
-    from rayfl.simulation import _prepare
+    from rayfl.simulation import preflight as _prepare
 
     handle = _prepare(cfg)
     sampler = make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,

@@ -208,7 +208,7 @@ def _regimes(args) -> dict:
     from rayfl.analysis import drift, plots
     from rayfl.rundir import check_creatable
     from rayfl.schema import ConfigError
-    from rayfl.simulation import _prepare as preflight
+    from rayfl.simulation import preflight
 
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
     bad = [r for r in regimes if r not in REGIMES]

@@ -15,6 +15,8 @@ import os
 import resource
 import signal
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import ray
@@ -23,11 +25,11 @@ import torch
 from rayfl import algorithms
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
-from rayfl.layers import Broadcast, tree_map
+from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.training import train_groups
-from rayfl.runtime.local import spec_from_config
+from rayfl.runtime.local import LocalSpec, spec_from_config
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
 
@@ -67,10 +69,32 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cpu")
 
 
-def model_for(cfg, handle, device) -> FlatModel:
-    """The configured model, initialised from the run seed, as a :class:`FlatModel`."""
-    torch.manual_seed(cfg.seed)
-    return FlatModel(build_for(cfg.model, handle), device, cfg.model.channels_last)
+def model_for(model_cfg, seed: int, handle, device) -> FlatModel:
+    """The ``model`` section's network for the data behind ``handle``, initialised from the run
+    seed, as a :class:`FlatModel`."""
+    torch.manual_seed(seed)
+    return FlatModel(build_for(model_cfg, handle), device, model_cfg.channels_last)
+
+
+@dataclass(frozen=True)
+class WorkerParts:
+    """What a client actor is built from, each part from its own config section, built once on
+    the driver and sent to every actor: the run's layers, the ``model`` section, the local
+    optimiser, the seed and the actor's CPU and GPU share."""
+
+    stack: Stack
+    model: Any  # rayfl.models.config.ModelConfig
+    spec: LocalSpec
+    seed: int
+    cpus: float
+    gpus: float
+
+    @classmethod
+    def of(cls, cfg, num_clients: int, stack: Stack | None = None) -> "WorkerParts":
+        """The parts of a run's config (``stack``: the one the caller built already)."""
+        rt = cfg.runtime
+        return cls(stack or algorithms.build(cfg, num_clients), cfg.model,
+                   spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor)
 
 
 def inject_fault(t: int) -> None:
@@ -96,15 +120,15 @@ def inject_fault(t: int) -> None:
 class ClientWorker:
     """The actor's body (a plain class, so tests and benchmarks can also run it in-process)."""
 
-    def __init__(self, cfg, handle, state_root: str, budget_bytes: float):
-        torch.set_num_threads(max(1, math.floor(cfg.runtime.cpus_per_actor)))
-        self.cfg, self.seed = cfg, cfg.seed
-        self.device = pick_device(cfg.runtime.gpus_per_actor)
+    def __init__(self, parts: WorkerParts, handle, state_root: str, budget_bytes: float):
+        torch.set_num_threads(max(1, math.floor(parts.cpus)))
+        self.seed = parts.seed
+        self.device = pick_device(parts.gpus)
         self.reader = handle.open()
-        self.model = model_for(cfg, handle, self.device)
-        self.stack = algorithms.build(cfg, handle.num_clients)
+        self.model = model_for(parts.model, parts.seed, handle, self.device)
+        self.stack = parts.stack
         self.algorithm = self.stack.algorithm
-        self.spec = spec_from_config(cfg.local)
+        self.spec = parts.spec
         self.store = StateStore(state_root, budget_bytes)
         self.messages = Messages(state_root)
         self.loss_fn = criterion(handle)

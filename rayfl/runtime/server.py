@@ -25,7 +25,7 @@ from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
-from rayfl.runtime.client_actor import ClientWorker, model_for, peak_rss_mb
+from rayfl.runtime.client_actor import ClientWorker, WorkerParts, model_for, peak_rss_mb
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.messages import Messages
@@ -49,7 +49,7 @@ class Server:
         self.spec = spec_from_config(cfg.local)
         self.stack = algorithms.build(cfg, handle.num_clients)
         self.algorithm = self.stack.algorithm
-        self.model = model_for(cfg, handle, "cpu")
+        self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
         self.loss_fn = criterion(handle)
         dp = cfg.privacy
         self.accountant = privacy.accountant(cfg) if dp is not None else None
@@ -66,7 +66,8 @@ class Server:
             self.stack.upload_bytes(w.numel(), w.element_size()),
             selection=cfg.selection)
         if actor_names is None:
-            worker = ClientWorker(cfg, handle, self.state_root,
+            worker = ClientWorker(WorkerParts.of(cfg, handle.num_clients, self.stack), handle,
+                                  self.state_root,
                                   cfg.runtime.state_memory_mb * 2**20)
             executor = InProcessExecutor(worker)
         else:
