@@ -86,7 +86,8 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
     state_root = storage.state_root(cfg, run_dir)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
-    parts = ray.put(WorkerParts.of(cfg, handle.num_clients))  # built once, for every actor
+    # built once, for every actor (passed by value: a restarted actor is built from it again)
+    parts = WorkerParts.of(cfg, handle.num_clients)
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
