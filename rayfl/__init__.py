@@ -9,10 +9,11 @@ from rayfl.registry import (register_algorithm, register_availability, register_
                             register_model, register_selector, register_server_opt,
                             register_wrapper)
 from rayfl.runtime.harness import simulate
+from rayfl.runtime.storage import CheckpointError
 from rayfl.simulation import RunResult, resume, run
 
-__all__ = ["ComponentError", "Config", "ConfigError", "RunResult", "load_config", "resume", "run",
-           "simulate", "register_algorithm", "register_model", "register_dataset",
-           "register_availability", "register_selector", "register_wrapper",
+__all__ = ["CheckpointError", "ComponentError", "Config", "ConfigError", "RunResult",
+           "load_config", "resume", "run", "simulate", "register_algorithm", "register_model",
+           "register_dataset", "register_availability", "register_selector", "register_wrapper",
            "register_server_opt"]
 __version__ = "0.2.0"

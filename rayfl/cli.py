@@ -11,6 +11,7 @@ import sys
 
 from rayfl.contract import ComponentError
 from rayfl.runtime.cluster import RayStartError
+from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
 from rayfl.simulation import RunStopped
 from rayfl.usage import OneLineParser
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
 
             check_given_once(args.overrides)
         return args.fn(args)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
         return 2
     except ComponentError as e:  # a user's component broke its contract: it and its frames

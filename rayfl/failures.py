@@ -3,12 +3,13 @@ advice can succeed.
 
 Ray hands an exception raised in an actor back wrapped in ``RayTaskError`` — a client actor's
 inside the server's, the server's inside the driver's call — whose text is the actors' whole
-traceback. :func:`unwrapped` takes a user's :class:`~rayfl.contract.ComponentError` or a
-:class:`~rayfl.schema.ConfigError` out of the wrapping, so the command line prints it as one
-line with the user's own frames (their paths as the user knows them, not Ray's copies of the
-modules). Any other failure becomes one line saying where it happened, and
-``continue with: rayfl resume`` is said only when a checkpoint exists to continue from and the
-failure was not the code's own (which would repeat): a process that died, a hang.
+traceback. :func:`unwrapped` takes a user's :class:`~rayfl.contract.ComponentError`, a
+:class:`~rayfl.schema.ConfigError` or a :class:`~rayfl.runtime.storage.CheckpointError` out of
+the wrapping, so the command line prints it as one line with the user's own frames (their paths
+as the user knows them, not Ray's copies of the modules). Any other failure becomes one line
+saying where it happened, and ``continue with: rayfl resume`` is said only when a checkpoint
+exists to continue from and the failure was not the code's own (which would repeat): a process
+that died, a hang.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import sys
 import traceback
 
 from rayfl.contract import ComponentError, _is_user_frame
+from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
 
-CLEAR = (ComponentError, ConfigError)  # errors that already say what is wrong, in one line
+# errors that already say what is wrong, in one line
+CLEAR = (ComponentError, ConfigError, CheckpointError)
 _RAY_COPY = re.compile(r'File "[^"]*/runtime_resources/py_modules_files/_ray_pkg_[0-9a-f]+/'
                        r'([^"]+)"')
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in .*$')
@@ -38,13 +41,13 @@ def remote_cause(e: BaseException) -> BaseException:
 
 
 def unwrapped(e: BaseException) -> BaseException:
-    """The ComponentError or ConfigError inside a Ray error (its frames' paths made the user's
-    own), or ``e`` itself when it holds neither."""
+    """The ComponentError, ConfigError or CheckpointError inside a Ray error (its frames' paths
+    made the user's own), or ``e`` itself when it holds none."""
     cause = remote_cause(e)
     if isinstance(cause, ComponentError):
         return ComponentError(cause.component, cause.problem, cause.round, cause.client,
                               local_paths(cause.frames))
-    return cause if isinstance(cause, ConfigError) else e
+    return cause if isinstance(cause, (ConfigError, CheckpointError)) else e
 
 
 def local_paths(frames: str) -> str:
@@ -95,9 +98,9 @@ def continue_hint(run_dir: str) -> str:
 
 def server_failed(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     """What to raise for the server actor's call ending in ``e`` (a ``RayTaskError``, the
-    server's or a client actor's): the user's ComponentError or ConfigError, else a one-line
-    ``RunStopped`` naming the exception and the round, with the user's frames (code that failed
-    fails again: no resume advice)."""
+    server's or a client actor's): the user's ComponentError, a ConfigError or a
+    CheckpointError, else a one-line ``RunStopped`` naming the exception and the round, with
+    the user's frames (code that failed fails again: no resume advice)."""
     from rayfl.simulation import RunStopped
 
     clear = unwrapped(e)
@@ -120,7 +123,8 @@ def server_died(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     if getattr(e, "actor_init_failed", False):  # Ray keeps only the text of its traceback
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         last = _QUALIFIED.sub(r"\1", lines[-1]) if lines else type(e).__name__
-        last = re.sub(r"^(ComponentError|ConfigError): ", "", last)  # they name what failed
+        # they name what failed
+        last = re.sub(r"^(ComponentError|ConfigError|CheckpointError): ", "", last)
         stopped = RunStopped(f"the server actor could not start: {last}")
         stopped.frames = user_frames_of(str(e))
         return stopped

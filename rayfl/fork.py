@@ -74,9 +74,10 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     missing = [int(c) for c in np.flatnonzero(versions >= 0)
                if not src_state.exists(state_name(int(c), int(versions[c])))]
     if missing:
-        raise ConfigError("client state", src_state.path(state_name(missing[0], int(
-            versions[missing[0]]))), f"the file the kept checkpoint refers to ({len(missing)} "
-                                     "missing: deleted, or the run's storage moved)")
+        raise storage.CheckpointError(
+            src_state.path(state_name(missing[0], int(versions[missing[0]]))),
+            f"the file the kept checkpoint refers to ({len(missing)} missing: deleted, or the "
+            "run's storage moved)", what="client state")
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)

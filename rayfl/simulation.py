@@ -332,7 +332,8 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     """Continue a run from its last checkpoint (from scratch if it never committed one).
 
     Refused while another process writes the run, and when ``config.yaml`` was edited in a key
-    that can change results (see :mod:`rayfl.rundir`)."""
+    that can change results (see :mod:`rayfl.rundir`); a newest checkpoint or client-state file
+    that is damaged, or missing though committed, is a :class:`CheckpointError` naming it."""
     run_dir = os.path.abspath(run_dir)
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):

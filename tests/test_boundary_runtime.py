@@ -227,6 +227,17 @@ def test_a_short_run_of_nothing_but_empty_rounds_is_not_done(cli):
     assert out[-2].startswith("stopped:")
 
 
+@pytest.mark.parametrize("mode", ["fedbuff", "fedasync"])
+def test_an_event_driven_server_with_nobody_online_stops_with_the_reason(mode, cli):
+    code, out, err = cli(AVAILABILITY + "NobodyOnline", "rounds=4", f"aggregation.mode={mode}")
+    assert code == 4, err
+    assert err == [f"rayfl: run stopped in round 1: no client was online for 6.00006e+06 "
+                   f"virtual seconds; check the availability model; see {out[-1]}"]
+    assert out[-2].startswith("stopped:")
+    summary = _summary(out[-1])
+    assert summary["stopped_at_round"] == 1 and summary["stopped"].startswith("no client was")
+
+
 def test_empty_rounds_are_counted_in_a_run_that_goes_on(cli):
     code, out, err = cli(AVAILABILITY + "OfflineInRoundsOneAndThree", "rounds=4")
     assert code == 0, err
@@ -271,7 +282,8 @@ def test_resume_refuses_a_lost_newest_checkpoint_and_names_the_kept_ones(paused,
     (paused / "checkpoints" / "checkpoint.pt").unlink()
     code, _, err = cli(command=["resume", str(paused)])
     assert code == 2
-    _one_error(err, "config key 'checkpoint'", "it is missing, though kept checkpoints are there",
+    _one_error(err, f"checkpoint {paused / 'checkpoints' / 'checkpoint.pt'}: expected",
+               "it is missing, though kept checkpoints are there",
                f"kept checkpoints: rounds 2; rayfl fork {paused} --at 2")
     assert (paused / "metrics.parquet").read_bytes() == metrics  # nothing rewritten
     (paused / "checkpoints" / "round-00002.pt").unlink()
@@ -286,7 +298,7 @@ def test_resume_refuses_a_damaged_newest_checkpoint(paused, cli):
     path.write_bytes(path.read_bytes()[:100])
     code, _, err = cli(command=["resume", str(paused)])
     assert code == 2
-    _one_error(err, f"config key 'checkpoint' = '{path}': expected a complete rayfl checkpoint",
+    _one_error(err, f"checkpoint {path}: expected a complete rayfl checkpoint",
                "kept checkpoints: rounds 2")
 
 

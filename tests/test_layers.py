@@ -154,9 +154,9 @@ def test_a_checkpoint_of_another_algorithm_is_refused_by_its_structure(tiny, tmp
     scaffold = build(config_mod.load(TINY, ["algorithm.name=scaffold"]), 20)
     assert checkpoint.server_state(scaffold, ck, "ck").algorithm.c.shape == (68,)
     fedavg = build(config_mod.load(TINY), 20)
-    with pytest.raises(rayfl.ConfigError) as e:
+    with pytest.raises(rayfl.CheckpointError) as e:
         checkpoint.server_state(fedavg, ck, "ck")
-    assert e.value.key == "checkpoint" and "ScaffoldState" in e.value.expected
+    assert e.value.path == "ck" and "ScaffoldState" in e.value.expected
 
 
 # ----- components of rayfl 0.1's interface say what to change --------------------------------

@@ -16,7 +16,7 @@ import torch
 from rayfl import config
 from rayfl.runtime import checkpoint, state_store
 from rayfl.runtime.state_store import StateStore, prune_after
-from rayfl.runtime.storage import Storage, join
+from rayfl.runtime.storage import CheckpointError, Storage, join
 from rayfl.schema import ConfigError
 from tests.conftest import TINY, s3_keys
 
@@ -71,9 +71,10 @@ def test_resume_refuses_a_checkpoint_whose_state_file_is_gone(location):
     store = StateStore(join(location, "state"), budget_bytes=0)
     store.save(4, 1, _states(5)[4])
     versions = np.array([-1, -1, 3, -1, 1], dtype=np.int32)  # client 2's round-3 file: gone
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         prune_after(join(location, "state"), versions)
-    assert err.value.key == "client state" and err.value.value.endswith("state/0/2.r3.npz")
+    assert str(err.value).startswith("client state ")
+    assert err.value.path.endswith("state/0/2.r3.npz")
     assert "testing:testing" not in str(err.value)  # credentials never printed
 
 
@@ -83,9 +84,9 @@ def test_a_damaged_state_file_is_a_clear_error(tmp_path):
     path = os.path.join(root, "0", "9.r0.npz")
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) // 2)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         StateStore(root, budget_bytes=0).load(9, 0)
-    assert err.value.value == path and "npz" in err.value.expected
+    assert err.value.path == path and "npz" in err.value.expected
 
 
 def _payload() -> dict:
@@ -161,9 +162,9 @@ def test_checkpoint_with_code_in_it_is_refused_without_running_it(tmp_path):
     marker = str(tmp_path / "pwned")
     path = _write_checkpoint_bytes(str(tmp_path), _torch_bytes({"round": 1,
                                                                 "state": _Trap(marker)}))
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         checkpoint.load(str(tmp_path))
-    assert err.value.value == path and not os.path.exists(marker)
+    assert err.value.path == path and not os.path.exists(marker)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "garbage", "old-format",
@@ -181,9 +182,9 @@ def test_damaged_checkpoint_is_a_config_error_naming_the_file(tmp_path, damage):
             "old-format": _torch_bytes({"round": 1, "versions": np.zeros(3)}),
             "zip-of-nothing": zipped.getvalue()}[damage]
     path = _write_checkpoint_bytes(run_dir, data)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         checkpoint.load(run_dir)
-    assert err.value.key == "checkpoint" and err.value.value == path
+    assert err.value.path == path and str(err.value).startswith(f"checkpoint {path}: expected")
 
 
 def test_checkpoint_rejects_objects_it_cannot_store_as_data():
@@ -235,16 +236,16 @@ def test_resume_refuses_a_lost_state_file_or_a_damaged_checkpoint(ray_local, tin
     state = os.path.join(run_dir, "state")
     lost = os.path.join(state, sorted(Storage(state).files())[0])
     os.rename(lost, lost + ".away")
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         rayfl.resume(run_dir, quiet=True)
-    assert err.value.key == "client state" and err.value.value == lost
+    assert str(err.value).startswith(f"client state {lost}: expected the file the checkpoint")
     os.rename(lost + ".away", lost)
     path = checkpoint.path_of(run_dir)
     with open(path, "r+b") as f:
         f.truncate(100)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(CheckpointError) as err:
         rayfl.resume(run_dir, quiet=True)
-    assert err.value.key == "checkpoint" and err.value.value == path
+    assert err.value.path == path and "a complete rayfl checkpoint" in err.value.expected
 
 
 def test_a_new_run_refuses_storage_already_holding_its_files(s3_server, tiny, tmp_path):

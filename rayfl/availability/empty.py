@@ -5,10 +5,17 @@ dropped out, went offline before reporting or missed ``availability.deadline_s``
 then does not move; such a round is counted (``empty_rounds`` in ``metrics.parquet`` and
 ``summary.json``; ``empty_reason`` says why) and shown in the progress line. When
 ``availability.max_empty_rounds`` rounds in a row are empty — or every round of a shorter run
-is — the run stops with the reason instead of reporting "done" on the initial model.
+is — the run stops with the reason instead of reporting "done" on the initial model. An
+asynchronous server that finds no client online for about 69 virtual days stops the same way
+(:class:`NobodyOnline`).
 """
 
 from __future__ import annotations
+
+
+class NobodyOnline(Exception):
+    """An event-driven server waited a virtual eternity for a single client to come online: the
+    run stops with this reason, as a run of empty synchronous rounds does."""
 
 
 def is_empty(row: dict) -> bool:

@@ -30,9 +30,9 @@ dispatched while in flight, so it has one copy training at a time, which reads t
 previous run wrote (``RoundLoop.versions``); superseded versions are deleted after the next
 checkpoint, as in synchronous rounds. So the transforms' per-client state (error-feedback
 residuals) carries over between a client's runs; an arrival discarded as too stale keeps the
-state its run wrote (the client ran and sent its update; the server ignored it). Algorithms with client state of their own
-(SCAFFOLD, FedDyn, ...) stay refused: their client and server updates are defined on
-synchronous rounds, and no staleness rule for them is decided.
+state its run wrote (the client ran and sent its update; the server ignored it). Algorithms
+with client state of their own (SCAFFOLD, FedDyn, ...) stay refused: their client and server
+updates are defined on synchronous rounds, and no staleness rule for them is decided.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import Aggregate
+from rayfl.availability.empty import NobodyOnline
 from rayfl.layers import ServerState as State
 from rayfl.rng import DROPOUT, SAMPLE, stream
 from rayfl.runtime.aggregate import PartialSum
@@ -200,7 +201,7 @@ class AsyncLoop:
             if not self.heap:  # no one online: wait and look again
                 idle += 1
                 if idle > MAX_IDLE_POLLS:
-                    raise RuntimeError(f"no client was online for {idle * IDLE_POLL_S:g} virtual "
+                    raise NobodyOnline(f"no client was online for {idle * IDLE_POLL_S:g} virtual "
                                        "seconds; check the availability model")
                 self.now += IDLE_POLL_S
                 continue

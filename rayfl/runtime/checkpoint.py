@@ -6,7 +6,8 @@ each client's state belongs to it (``versions``), so writing one costs the serve
 A checkpoint loads without executing code: it is a ``torch.save`` file holding only a list of
 tensors, a JSON text describing everything else (numbers, strings, lists, dicts, tuples and
 references to the tensors) and a SHA-256 over both, read back with ``torch.load(...,
-weights_only=True)``. A truncated, corrupted or foreign file is a :class:`ConfigError` naming it.
+weights_only=True)``. A truncated, corrupted or foreign file is a :class:`CheckpointError`
+naming it.
 It lives at ``<location>/checkpoints/checkpoint.pt``, where the location is the run's storage
 (the run directory, or an object-store URI; see :mod:`rayfl.runtime.storage`). Checkpoints of
 the rounds in ``checkpoint.keep`` are also kept as ``checkpoints/round-NNNNN.pt`` (1-based), and
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from rayfl.runtime.state_store import prune_after, verify_present
-from rayfl.runtime.storage import Storage, join
+from rayfl.runtime.storage import CheckpointError, Storage, join
 from rayfl.schema import ConfigError
 
 NAME = "checkpoints/checkpoint.pt"
@@ -158,9 +159,9 @@ def encode(payload: dict) -> bytes:
 
 
 def decode(data: bytes, where: str) -> dict:
-    """The payload in checkpoint bytes; :class:`ConfigError` naming ``where`` if damaged."""
-    def bad(why: str) -> ConfigError:
-        return ConfigError("checkpoint", where, f"a complete rayfl checkpoint ({why})")
+    """The payload in checkpoint bytes; :class:`CheckpointError` naming ``where`` if damaged."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(where, f"a complete rayfl checkpoint ({why})")
 
     try:
         raw = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
@@ -218,13 +219,13 @@ def load(location: str, name: str = NAME) -> dict:
     try:
         data = storage.read(name)
     except FileNotFoundError:
-        raise ConfigError("checkpoint", storage.path(name), "an existing checkpoint") from None
+        raise CheckpointError(storage.path(name), "an existing checkpoint") from None
     ck = decode(data, storage.path(name))
     if isinstance(ck, dict) and isinstance(ck.get("versions"), dict):
         try:
             ck["versions"] = _dense(ck["versions"])
         except (KeyError, TypeError, ValueError, IndexError):
-            raise ConfigError("checkpoint", storage.path(name), "a checkpoint holding client-"
+            raise CheckpointError(storage.path(name), "a checkpoint holding client-"
                               "state versions (they are malformed)") from None
     return ck
 
@@ -259,12 +260,11 @@ def pinned_versions(location: str) -> set[tuple[int, int]]:
 
 def verify(location: str) -> None:
     """Check, before a resume starts anything, that the checkpoint under ``location`` loads and
-    that every client-state file it refers to is stored (:class:`ConfigError` otherwise)."""
+    that every client-state file it refers to is stored (:class:`CheckpointError` otherwise)."""
     ck = load(location)
     versions = ck.get("versions") if isinstance(ck, dict) else None
     if not isinstance(versions, np.ndarray) or versions.ndim != 1:
-        raise ConfigError("checkpoint", path_of(location), "a checkpoint holding client-state "
-                                                           "versions")
+        raise CheckpointError(path_of(location), "a checkpoint holding client-state versions")
     verify_present(join(location, "state"), versions)
 
 
@@ -276,18 +276,18 @@ def exists(location: str) -> bool:
 def resume_point(location: str, run_dir: str) -> bool:
     """Where ``rayfl resume`` of ``run_dir`` starts: True from its newest checkpoint (verified),
     False from scratch — only when the run never committed a checkpoint. A newest checkpoint
-    that is damaged, or missing although the run committed one, is a ConfigError naming it and
+    that is damaged, or missing although the run committed one, is a CheckpointError naming it and
     the kept checkpoints there are, instead of a silent restart from round 1."""
     if exists(location):
         try:
             verify(location)
-        except ConfigError as e:
-            raise ConfigError(e.key, e.value, f"{e.expected}; {_alternatives(location, run_dir)}"
-                              ) from None
+        except CheckpointError as e:
+            raise CheckpointError(e.path, f"{e.expected}; {_alternatives(location, run_dir)}",
+                                  e.what) from None
         return True
     why = _committed_before(location, run_dir)
     if why:
-        raise ConfigError("checkpoint", path_of(location), f"the run's newest checkpoint (it is "
+        raise CheckpointError(path_of(location), f"the run's newest checkpoint (it is "
                           f"missing, though {why}; resuming from scratch would rewrite the "
                           f"run); {_alternatives(location, run_dir)}")
     return False
@@ -336,14 +336,14 @@ def prune_state(state_root: str, versions, pinned: set[tuple[int, int]] = frozen
 
 def restore(template, found, where: str):
     """``found`` (a checkpoint's tree as read) rebuilt in the classes of ``template`` (the run's
-    fresh tree); a :class:`ConfigError` naming ``where`` and the first difference when the two
+    fresh tree); a :class:`CheckpointError` naming ``where`` and the first difference when the two
     are not the same structure."""
     from rayfl.layers import mismatch
 
     tree = _rebuild(template, found)
     problem = mismatch(template, tree)
     if problem:
-        raise ConfigError("checkpoint", where, f"a checkpoint of this run's layers ({problem})")
+        raise CheckpointError(where, f"a checkpoint of this run's layers ({problem})")
     return tree
 
 
@@ -368,6 +368,6 @@ def server_state(stack, ck: dict, where: str):
     if isinstance(found, dict) and "x" in found:  # rayfl 0.1
         return stack.from_legacy(found, ck.get("transforms"), ck.get("buffers"))
     if not isinstance(found, Slot) or not isinstance(found.fields.get("x"), torch.Tensor):
-        raise ConfigError("checkpoint", where, "a checkpoint holding a server state")
+        raise CheckpointError(where, "a checkpoint holding a server state")
     template = stack.init(found.fields["x"], found.fields.get("buffers"))
     return restore(template, found, where)

@@ -18,7 +18,7 @@ import torch
 
 from rayfl import algorithms, privacy
 from rayfl.availability import make_sampler
-from rayfl.availability.empty import EmptyRounds
+from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
@@ -153,7 +153,11 @@ class Server:
         checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
         empty = EmptyRounds(cfg.availability.max_empty_rounds, final, self.log.rows)
         for t in range(self.next_round, end):
-            row = self.round(t)
+            try:
+                row = self.round(t)
+            except NobodyOnline as e:  # an event-driven server that waited in vain
+                return self.log.finish(self._final_model(), buffers=self._final_buffers(),
+                                       stopped=(t, str(e)), extra=self._participation_report(t))
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from rayfl.runtime.messages import message_round
-from rayfl.runtime.storage import Storage
-from rayfl.schema import ConfigError
+from rayfl.runtime.storage import CheckpointError, Storage
 
 
 def state_name(client: int, version: int) -> str:
@@ -100,18 +99,18 @@ class StateStore:
 
 
 def read_state(storage: Storage, client: int, version: int) -> dict[str, torch.Tensor]:
-    """One stored state; a missing or damaged file is a :class:`ConfigError` naming it."""
+    """One stored state; a missing or damaged file is a
+    :class:`~rayfl.runtime.storage.CheckpointError` naming it."""
     name = state_name(client, version)
     try:
         with storage.open(name) as f, np.load(f, allow_pickle=False) as z:
             return {k: torch.from_numpy(z[k].copy()) for k in z.files}
     except FileNotFoundError:
-        raise ConfigError("client state", storage.path(name),
-                          "the file the checkpoint refers to (it was deleted, or the run's "
-                          "storage moved)") from None
+        raise CheckpointError(storage.path(name), "the file the checkpoint refers to (it was "
+                              "deleted, or the run's storage moved)", what="client state") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
-        raise ConfigError("client state", storage.path(name),
-                          f"a complete .npz state file ({type(e).__name__}: {e})") from None
+        raise CheckpointError(storage.path(name), f"a complete .npz state file "
+                              f"({type(e).__name__}: {e})", what="client state") from None
 
 
 def delete_versions(root: str, pairs) -> None:
@@ -131,8 +130,8 @@ def prune_after(root: str, versions: np.ndarray,
     """After a resume: delete every file that is not the checkpoint's version of its client
     (nor ``pinned`` by a kept checkpoint).
 
-    Raises :class:`ConfigError` when a version the checkpoint refers to is missing (the run
-    would otherwise continue from a silently lost state).
+    Raises :class:`~rayfl.runtime.storage.CheckpointError` when a version the checkpoint refers
+    to is missing (the run would otherwise continue from a silently lost state).
     """
     storage, removed, present = Storage(root), 0, set()
     for name in storage.files():
@@ -151,7 +150,8 @@ def prune_after(root: str, versions: np.ndarray,
 
 
 def verify_present(root: str, versions: np.ndarray) -> None:
-    """Raise :class:`ConfigError` unless every version a checkpoint refers to is stored."""
+    """Raise :class:`~rayfl.runtime.storage.CheckpointError` unless every version a checkpoint
+    refers to is stored."""
     storage = Storage(root)
     present = set()
     for name in storage.files():
@@ -167,6 +167,7 @@ def _require(storage: Storage, versions: np.ndarray, present: set[int]) -> None:
     missing = [int(c) for c in np.flatnonzero(versions >= 0) if int(c) not in present]
     if missing:
         c = missing[0]
-        raise ConfigError("client state", storage.path(state_name(c, int(versions[c]))),
-                          f"the file the checkpoint refers to ({len(missing)} client state "
-                          f"file(s) missing: deleted, or the run's storage moved)")
+        raise CheckpointError(storage.path(state_name(c, int(versions[c]))),
+                              f"the file the checkpoint refers to ({len(missing)} client state "
+                              "file(s) missing: deleted, or the run's storage moved)",
+                              what="client state")

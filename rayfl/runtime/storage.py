@@ -67,6 +67,16 @@ class StorageError(RuntimeError):
         return cls(redact(f"{what} ({where})" if where else what))
 
 
+class CheckpointError(ValueError):
+    """What a run stored cannot be continued from — a checkpoint or a client-state file that
+    is damaged, missing though committed, or of other layers: names the file and what was
+    expected of it (``rayfl`` exits 2)."""
+
+    def __init__(self, path: str, expected: str, what: str = "checkpoint"):
+        self.path, self.expected, self.what = path, expected, what
+        super().__init__(f"{what} {path}: expected {' '.join(expected.split())}")
+
+
 def join(location: str, *parts: str) -> str:
     """``location`` with path components appended (a URI keeps its ``?query`` at the end;
     characters a URI cannot hold are percent-encoded, which pyarrow decodes)."""
