@@ -87,13 +87,18 @@ def compare(source, entries: list[str], overrides: list[str] | None = None,
             out_dir: str | None = None, quiet: bool = False,
             seeds: list[int] | None = None) -> tuple[str, list[dict]]:
     """Run every entry on every seed; returns (comparison directory, one table row per entry,
-    with the mean and the std over seeds)."""
-    from rayfl.simulation import run
+    with the mean and the std over seeds). Every variant's data, model and components are
+    checked before the comparison directory is made: a refused one leaves nothing behind."""
+    from rayfl.rundir import check_creatable
+    from rayfl.simulation import preflight, run
 
     base, configs = plan(source, entries, overrides, seeds)
     seeds = sorted({seed for _, seed in configs}, key=[s for _, s in configs].index)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    check_creatable(out_dir or base["output_dir"], "--out" if out_dir else "output_dir")
     out_dir = out_dir or os.path.join(base["output_dir"], f"compare-{base['name']}-{stamp}")
+    for cfg in configs.values():
+        preflight(cfg)
     os.makedirs(out_dir, exist_ok=True)
     runs, curves, eta = [], {}, Eta()
     for i, ((entry, seed), cfg) in enumerate(configs.items()):

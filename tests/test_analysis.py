@@ -143,18 +143,21 @@ def test_missing_kept_models_say_which_keep_setting_to_add(tmp_path):
     with pytest.raises(ConfigError, match="'model' = 'next@4'"):
         run.model("next@-1")
     assert run.model("global@-1")[0] == "global r4"
-    assert os.path.basename(run.out_dir()) == "analysis"
 
 
-@pytest.mark.parametrize("command, extra, key", [("drift", [], "run_dir"),
-                                                 ("interpolate", ["--data", "bogus"], "--data")],
-                         ids=["drift-without-metrics", "interpolate-bad-data"])
-def test_a_refused_analysis_leaves_no_output_folder(command, extra, key, tmp_path, capsys,
+@pytest.mark.parametrize("command, extra, key, rows", [
+    ("drift", [], "run_dir", None), ("drift", [], "run_dir", []),
+    ("interpolate", ["--data", "bogus"], "--data", None)],
+    ids=["drift-without-metrics", "drift-of-no-round", "interpolate-bad-data"])
+def test_a_refused_analysis_leaves_no_output_folder(command, extra, key, rows, tmp_path, capsys,
                                                     monkeypatch):
     from rayfl.cli import main
+    from rayfl.metrics.files import write_parquet
 
     monkeypatch.setenv("RAYFL_CACHE", str(tmp_path / "cache"))
     run = _fake_run(tmp_path / "run", {4: ["global", "client-1"]})
+    if rows is not None:
+        write_parquet(rows, os.path.join(run.path, "metrics.parquet"))
     out = tmp_path / "out"
     assert main(["analyze", command, run.path, f"--out={out}", *extra]) == 2
     assert main(["analyze", command, run.path, *extra]) == 2  # the default <run_dir>/analysis

@@ -49,7 +49,9 @@ def refused(tmp_path, capsys, overrides, *, command="data", frames=False) -> str
     user's frames when ``frames``), and nothing created; return the line."""
     runs, cache, plots = tmp_path / "runs", tmp_path / "cache", tmp_path / "plots"
     argv = {"data": ["data", TINY, "--out", str(plots)], "dry-run": ["run", TINY, "--dry-run"],
-            "run": ["run", TINY]}[command]
+            "run": ["run", TINY],
+            "compare": ["compare", TINY, "--algorithms", "fedavg,fedprox", "--seeds", "0,1"]
+            }[command]
     code = main([*argv, f"output_dir={runs}", f"data.cache_dir={cache}", "clients_per_round=1",
                  *overrides])
     err = capsys.readouterr().err.strip().splitlines()
@@ -548,7 +550,7 @@ def test_user_sources_naming_a_missing_file_is_named(tmp_path, capsys):
     assert f"{HERE}:BadSources.sources: named '/nonexistent/rayfl-data.csv'" in line
 
 
-@pytest.mark.parametrize("command", ["dry-run", "run"])
+@pytest.mark.parametrize("command", ["dry-run", "run", "compare"])
 def test_every_command_refuses_before_making_anything(command, tmp_path, capsys, no_ray):
     line = refused(tmp_path, capsys, [f"data.dataset={HERE}:FewerLabels"], command=command)
     assert "x_train has 40 rows but y_train 33 labels" in line

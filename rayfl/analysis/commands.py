@@ -196,7 +196,12 @@ def _drift(args) -> dict:
 
     run = RunDir(args.run_dir)
     out = _out(run, args.out)
-    rows = drift.drift_rows(run.metrics(), args.label_column)
+    from rayfl.schema import ConfigError
+
+    metrics = run.metrics()
+    if not metrics:
+        raise ConfigError("run_dir", run.path, "a run with at least one round in metrics.parquet")
+    rows = drift.drift_rows(metrics, args.label_column)
     summary = drift.drift_summary(rows)
     _write(out, "drift", summary, rows)
     plots.plot_drift({run.cfg.name: rows}, [k for k in rows[0] if k != "round"],

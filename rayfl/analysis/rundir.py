@@ -55,12 +55,6 @@ class RunDir:
             raise ConfigError("run_dir", self.path, "a run directory holding metrics.parquet")
         return read_rows(path)
 
-    def out_dir(self, out: str | None = None) -> str:
-        """Where a command writes: ``out`` or ``<run_dir>/analysis`` (created)."""
-        path = out or os.path.join(self.path, "analysis")
-        os.makedirs(path, exist_ok=True)
-        return path
-
     def _dir(self, t: int) -> str:
         return os.path.join(self.path, "models", f"round-{t:05d}")
 
