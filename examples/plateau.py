@@ -38,7 +38,8 @@ class Plateau:
 
 
 class ReduceOnPlateau(ServerWrapper):
-    """η_l ← factor · η_l after ``patience`` rounds whose loss is not below best · (1 − threshold)."""
+    """η_l ← factor · η_l after ``patience`` rounds whose loss is not below
+    best · (1 − threshold)."""
 
     Params = PlateauParams
 

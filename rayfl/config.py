@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import registry, schema, yamlio
+from rayfl import schema, yamlio
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.data.config import DataConfig

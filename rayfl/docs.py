@@ -46,7 +46,8 @@ PROBES = [("sgd", {}), ("sgd + momentum", {"local": {"momentum": 0.9}}),
           ("clip_norm", {"local": {"clip_norm": 1.0}}), ("adam", {"local": {"optimizer": "adam"}}),
           ("samples", {"aggregation": {"weighting": "samples"}}),
           ("uniform", {"aggregation": {"weighting": "uniform"}}),
-          ("degree", {"aggregation": {"weighting": "degree"}}), ("ima", {"wrappers": [{"name": "ima"}]}),
+          ("degree", {"aggregation": {"weighting": "degree"}}),
+          ("ima", {"wrappers": [{"name": "ima"}]}),
           ("fedbuff/fedasync", {"aggregation": {"mode": "fedbuff"}})]
 
 COMBINATIONS_INTRO = """## Option combinations
@@ -110,7 +111,8 @@ Each entry is `{name: NAME, <keys>}`. Client sides run in list order inside the 
 `compression` step, then the `privacy` mechanism's clipping, then `secagg` (the transport);
 server sides run in reverse order on the round's sum. Every step reports the bytes a client
 uploads for its update (`upload_bytes` per round in metrics.parquet, an algorithm's extra
-payload not counted; the virtual clock times the upload at that size). Error-feedback residuals are client state in the state store (checkpointed, resumed).
+payload not counted; the virtual clock times the upload at that size). Error-feedback
+residuals are client state in the state store (checkpointed, resumed).
 SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
 clients that completed. The robust rules (`median`, `trimmed_mean`, `krum`) replace the mean
 by a statistic of every update at once, so the server holds the round's m updates (m × d

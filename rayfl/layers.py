@@ -285,7 +285,7 @@ def legacy_slot(template: Any, flat: dict) -> Any:
     return dataclasses.replace(template, **values)
 
 
-# ----- payloads ------------------------------------------------------------------------------------
+# ----- payloads -----------------------------------------------------------------------------
 def add(a: Any, b: Any) -> Any:
     """``a + b`` for summed payload values (a None sum starts from a copy of ``b``)."""
     if a is None:

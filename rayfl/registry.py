@@ -1,4 +1,5 @@
-"""Components by name: built-ins, ``package.module:Name`` references and objects registered in Python.
+"""Components by name: built-ins, ``package.module:Name`` references and objects registered in
+Python.
 
 Seven kinds of component are named in a config: ``algorithm.name``, ``model.name``,
 ``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name`` and each
@@ -173,8 +174,8 @@ def resolve(kind: str, name: str) -> Any:
     try:
         return _import_attr(name)
     except ModuleNotFoundError as e:
-        raise ConfigError(key, name, f"an importable package.module:Name (no module "
-                                     f"{e.name!r} on the working directory or PYTHONPATH)") from None
+        raise ConfigError(key, name, f"an importable package.module:Name (no module {e.name!r} "
+                                     "on the working directory or PYTHONPATH)") from None
     except AttributeError:
         module, _, attr = name.partition(":")
         raise ConfigError(key, name, f"a name defined in module {module!r} (it has no "

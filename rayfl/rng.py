@@ -35,7 +35,7 @@ PROPENSITY = 0xBE7A  # per-client online probabilities (bernoulli)
 ZONE = 0x2011E  # time-zone assignment (diurnal)
 LABEL_RANK = 0x1ABE  # order of labels when availability follows data
 DEVICE = 0xDE71  # compute speed and bandwidth per client
-# ----- data -----------------------------------------------------------------------------------------
+# ----- data -----------------------------------------------------------------------------
 PARTITION = 0xDA7A  # the partition of a dataset's rows among clients
 HOLDOUT = 0x401D  # the rows each client holds out for per-client evaluation
 REGIME = 0xD21F7  # the drift regimes' per-round re-split

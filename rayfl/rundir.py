@@ -20,7 +20,8 @@ from rayfl.schema import ConfigError
 LOCK = ".lock"
 FINGERPRINT = "fingerprint.json"
 # keys that cannot change a run's results (where it runs and where files go; when a run of
-# empty rounds stops it: raised, a stopped run resumes); every other key does. runtime.logical_shards is not among them: it fixes the order of the sums; nor are
+# empty rounds stops it: raised, a stopped run resumes); every other key does.
+# runtime.logical_shards is not among them: it fixes the order of the sums; nor are
 # runtime.storage and name, which say where the run's checkpoints and client state are.
 NEUTRAL = ("runtime.", "output_dir", "data.root", "data.fetch", "data.cache_dir",
            "checkpoint.every", "checkpoint.keep", "availability.max_empty_rounds")

@@ -194,7 +194,8 @@ def build_fields(cls: type, data: Any, prefix: str = "") -> Any:
                 dataclasses.MISSING:
             kwargs[name] = build(hints[name], {}, key)  # a nested section at its defaults
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ConfigError(key, None, f"a value ({_describe(hints[name])}); this key is required")
+            raise ConfigError(key, None,
+                              f"a value ({_describe(hints[name])}); this key is required")
         elif f.default is not dataclasses.MISSING:
             _check_default(cls, f, hints[name], key)
     obj = cls(**kwargs)

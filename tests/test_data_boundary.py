@@ -630,7 +630,8 @@ def test_large_datasets_are_keyed_by_size_and_modification_time(tmp_path, monkey
     # the rebuilt store holds the same bytes (the same fingerprint)
     rebuilt = prepare(cfg, 0)
     assert rebuilt.path.endswith(touched)
-    assert rebuilt.fingerprint == prepare(fmnist_cfg(tmp_path / "fm", tmp_path / "c2"), 0).fingerprint
+    fresh = prepare(fmnist_cfg(tmp_path / "fm", tmp_path / "c2"), 0)
+    assert rebuilt.fingerprint == fresh.fingerprint
 
 
 def test_source_identity_follows_contents_for_small_datasets(tmp_path):

@@ -241,7 +241,8 @@ def test_proxskip_is_exact_under_partial_participation():
         pending.update({i: x for i in ids})
     assert torch.allclose(state.x, x, atol=1e-5)
     for i in range(4):
-        assert torch.allclose(states[i].algorithm["h"], h[i], atol=1e-5)  # the stored (unsettled) h_i
+        # the stored (unsettled) h_i
+        assert torch.allclose(states[i].algorithm["h"], h[i], atol=1e-5)
     assert any(float(hi.norm()) > 0.1 for hi in h)  # the variates did move
 
 

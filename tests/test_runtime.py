@@ -85,7 +85,8 @@ def test_test_rows_scores_the_seeded_sample_the_analysis_draws(tiny):
     xt, yt = reader.tensors(*data.arrays(reader), "cpu")
     with torch.no_grad():
         correct = int((module(xt).argmax(1) == yt).sum())
-    assert sample.summary["final_accuracy"] == pytest.approx(correct / 37, abs=1e-6)  # float32; 1/37 apart
+    # float32; accuracies are 1/37 apart
+    assert sample.summary["final_accuracy"] == pytest.approx(correct / 37, abs=1e-6)
     assert whole.summary["final_accuracy"] != sample.summary["final_accuracy"]
 
 

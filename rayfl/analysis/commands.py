@@ -161,8 +161,8 @@ def _plane(args) -> dict:
         specs = presets.planes(run, args.preset, args.round, _ids(args.clients, "--clients"))
     results = []
     for i, (name, models, own) in enumerate(specs):
-        _say(f"[{i + 1}/{len(specs)}] plane {name}: {args.grid}×{args.grid} grid, the models, their average and "
-             f"{len(own) + len(marks)} mark(s) on the {data.label}")
+        _say(f"[{i + 1}/{len(specs)}] plane {name}: {args.grid}×{args.grid} grid, the models, "
+             f"their average and {len(own) + len(marks)} mark(s) on the {data.label}")
         results.append(landscape.plane(run.cfg, run.handle, name, models, [*own, *marks], data,
                                        args.grid, args.margin, bs))
         _write(out, f"plane-{name}", results[-1].summary(), results[-1].rows())

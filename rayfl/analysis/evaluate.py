@@ -64,7 +64,8 @@ def select_data(handle, spec: str = "test", max_samples: int | None = None,
 def _tensors(cfg, handle, data: EvalData):
     torch.set_num_threads(1)
     reader = handle.open()
-    return model_for(cfg.model, cfg.seed, handle, "cpu"), *reader.tensors(*data.arrays(reader), "cpu")
+    model = model_for(cfg.model, cfg.seed, handle, "cpu")
+    return model, *reader.tensors(*data.arrays(reader), "cpu")
 
 
 def _point(origin: np.ndarray, dirs: np.ndarray, c: np.ndarray) -> torch.Tensor:

@@ -141,7 +141,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "r": ("squared L2 per coordinate", "FedEve's observation-noise estimate"),
         "mim_delta_norm": ("L2 norm", ("FedMIM's ‖δ_{t+1}‖ = ‖x_t − x_{t+1}‖ / K, the per-step "
                                       "server movement its clients extrapolate with")),
-        "ima_active": ("0 or 1", "1 once IMA averages the deployed model (from wrappers.ima.start)"),
+        "ima_active": ("0 or 1",
+                       "1 once IMA averages the deployed model (from wrappers.ima.start)"),
         "ima_window_len": ("models", "models in IMA's averaging window"),
         "server_lr": ("—", "FedExP's extrapolated server step size η_g (≥ 1)"),
         "prototypes": ("classes", "FedProto: classes whose global prototype the round updated"),

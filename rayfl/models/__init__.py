@@ -234,4 +234,5 @@ def _nearest(sizes, candidates) -> int | None:
     return next((b for b in candidates if not _last_batch_is_one_row(sizes, b).any()), None)
 
 
-__all__ = ["build_model", "build_for", "check_fits", "check_single_rows", "rec_metrics", "FlatModel", "sha256_of"]
+__all__ = ["build_model", "build_for", "check_fits", "check_single_rows", "rec_metrics",
+           "FlatModel", "sha256_of"]

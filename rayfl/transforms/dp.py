@@ -9,11 +9,12 @@ the runtime would otherwise report from the round's sums (Σ‖Δ_i‖², the un
 withheld from the algorithm: ``delta_sq_sum`` is NaN and ``weight_sum`` is K.
 
 Adaptive clipping (Andrew et al., NeurIPS 2021, geometric update): S is server state S_t sent to
-the clients with the model; each client also reports b_i − ½ with b_i = 1[‖Δ_i‖ ≤ S_t] (sensitivity ½); the
-server forms b̃ = (Σ (b_i − ½) + N(0, σ_b²)) / K + ½ (K the expected count, as for the update)
-and sets S_{t+1} = S_t · exp(−η_C (b̃ − γ)), so S tracks the γ quantile of the update norms. The update's noise multiplier becomes z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2),
-so the pair of Gaussian releases costs exactly what one Gaussian mechanism with multiplier z
-costs (the paper's Theorem 1): the accountant's ε for z stays correct.
+the clients with the model; each client also reports b_i − ½ with b_i = 1[‖Δ_i‖ ≤ S_t]
+(sensitivity ½); the server forms b̃ = (Σ (b_i − ½) + N(0, σ_b²)) / K + ½ (K the expected count,
+as for the update) and sets S_{t+1} = S_t · exp(−η_C (b̃ − γ)), so S tracks the γ quantile of the
+update norms. The update's noise multiplier becomes z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so the pair
+of Gaussian releases costs exactly what one Gaussian mechanism with multiplier z costs (the
+paper's Theorem 1): the accountant's ε for z stays correct.
 """
 
 from __future__ import annotations
