@@ -150,10 +150,12 @@ RULES: tuple[Rule, ...] = (
                    "loss-based selection also reads client data unprotected)"),
     # ----- privacy (DP-FTRL, banded MF): a bound on participation, not sampling ---------------
     Rule("selection.name",
-         lambda r: _mechanism(r) not in (None, "dp_fedavg") and r.cfg.selection.name != "uniform",
-         lambda r: f"uniform with privacy.mechanism {_mechanism(r)} (the guarantee needs who "
-                   "takes part to be independent of the clients' data; oort and "
-                   "power_of_choice choose by the training losses clients report unprotected)"),
+         lambda r: _mechanism(r) not in (None, "dp_fedavg")
+         and r.cfg.selection.component().reads_reports(),
+         lambda r: f"a selector that reads no client reports with privacy.mechanism "
+                   f"{_mechanism(r)} (the guarantee needs who takes part to be independent of "
+                   "the clients' data; this one sees the training losses clients report "
+                   "unprotected, through scores_candidates or observe)"),
     Rule("availability.correlate",
          lambda r: _mechanism(r) not in (None, "dp_fedavg")
          and r.cfg.availability.correlate != "none",

@@ -26,6 +26,7 @@ from rayfl.fork import fork
 from rayfl.privacy import banded, tree
 from rayfl.privacy.participation import Participation, Schema
 from rayfl.runtime import checkpoint
+from rayfl.selection import Selector
 from rayfl.algorithms.base import ServerRound
 from rayfl.layers import Facts
 from rayfl.transforms.dp import CorrelatedDP, GaussianDP, GaussianDPParams
@@ -497,6 +498,26 @@ def test_realistic_availability_runs_under_the_bound(tiny, tmp_path, availabilit
     assert any(m["completed"] < 5 for m in metrics)  # realistic: some rounds come up short
     assert rows and run.summary["epsilon"] == privacy.accountant(
         config_mod.load(run.run_dir + "/config.yaml")).epsilon(12)
+
+
+class Fastest(Selector):
+    """The online clients whose round takes the least virtual time (ties: lower id): it reads
+    no client report, so the participation bound is all its privacy needs."""
+
+    def select(self, t, rng, online, m, losses):
+        return online[np.lexsort((online, self.ctx.duration(online)))[:m]]
+
+
+def test_a_selector_that_reads_no_client_report_runs_under_the_bound(tiny):
+    """A user's selector picks among the clients the bound leaves eligible: rounds 1–3 take
+    three disjoint cohorts; in round 4 round 1's (the fastest) are eligible again and chosen."""
+    run = _run(tiny, "rounds=8", "data.num_clients=20", *FTRL,
+               "selection.name=tests.test_privacy_mechanisms:Fastest")
+    rows = _audit(run.run_dir, 3, 3, 8)
+    cohort = [{r["client"] for r in rows if t in r["rounds"]} for t in range(1, 9)]
+    assert all(len(c) == config_mod.load(TINY).clients_per_round for c in cohort)
+    assert not (cohort[0] & cohort[1]) and not ((cohort[0] | cohort[1]) & cohort[2])
+    assert cohort[3] == cohort[0]
 
 
 def test_target_epsilon_stops_dp_ftrl(tiny):

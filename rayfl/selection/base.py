@@ -67,6 +67,12 @@ class Selector:
         """Restore :meth:`state` from a checkpoint."""
 
     @classmethod
+    def reads_reports(cls) -> bool:
+        """Whether it sees what clients report of their data: the losses it scores candidates
+        by (``scores_candidates``) or those :meth:`observe` receives (overridden)."""
+        return cls.scores_candidates or cls.observe is not Selector.observe
+
+    @classmethod
     def check_config(cls, params: Any, cfg: Any, where: str) -> None:
         """A ConfigError (on ``where``'s keys) for settings this selector cannot honour
         (default: none)."""
