@@ -117,3 +117,44 @@ def describe(value: Any) -> str:
 
 def _a(word: str) -> str:
     return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def returned(value: Any, names: tuple[str, ...], component: str,
+             round: int | None = None) -> tuple:
+    """``value`` checked to be a tuple of ``len(names)`` (what a method returns several of)."""
+    expect(isinstance(value, tuple) and len(value) == len(names), component,
+           f"returned {describe(value)}; expected a tuple ({', '.join(names)})", round)
+    return value
+
+
+def returned_vector(value: Any, like: Any, component: str, what: str,
+                    round: int | None = None) -> Any:
+    """``value`` checked to be a float tensor shaped like ``like`` (the model vector), cast to
+    ``like``'s dtype."""
+    import torch
+
+    ok = isinstance(value, torch.Tensor) and value.is_floating_point() and \
+        value.shape == like.shape
+    expect(ok, component, f"{what} is {describe(value)}; expected a float tensor of shape "
+                          f"{tuple(like.shape)}, like the model's x", round)
+    return value if value.dtype == like.dtype else value.to(like.dtype)
+
+
+def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:
+    """``value`` checked to be a dict of metric names to real numbers or None (0-d tensors and
+    numpy scalars become Python numbers)."""
+    import numbers
+
+    import numpy as np
+    import torch
+
+    expect(isinstance(value, dict), component,
+           f"returned metrics as {describe(value)}; expected a dict of name -> number", round)
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, (torch.Tensor, np.ndarray)) and v.ndim == 0:
+            v = v.item()
+        expect(isinstance(k, str) and (v is None or isinstance(v, numbers.Real)), component,
+               f"metric {k!r} is {describe(v)}; expected a real number (or None)", round)
+        out[k] = v
+    return out

@@ -25,6 +25,8 @@ structure (``structure`` and ``mismatch`` below).
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -33,6 +35,8 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec
 from rayfl.algorithms.server_opt import ServerOpt
+from rayfl.contract import (calling, describe, expect, name_of, returned, returned_metrics,
+                            returned_vector)
 from rayfl.schema import NoParams
 
 
@@ -293,6 +297,19 @@ def add(a: Any, b: Any) -> Any:
     return a + b
 
 
+def _values(arr: np.ndarray | None) -> str:
+    """`` with min …`` of a 1-d array of numbers (NaN when one is), to show what was wrong."""
+    return f" with min {np.min(arr)}" if arr is not None and arr.ndim == 1 and arr.size else ""
+
+
+def _rate(layer: Layer, lr: Any, t: int) -> float:
+    """A layer's client learning rate, checked to be a finite number ≥ 0."""
+    name = name_of(layer, "client_lr")
+    expect(isinstance(lr, numbers.Real) and math.isfinite(lr) and lr >= 0, name,
+           f"returned {lr!r} as the clients' learning rate; expected a finite number ≥ 0", t)
+    return float(lr)
+
+
 # ----- the stack ---------------------------------------------------------------------------------
 class Stack:
     """The algorithm, its server optimiser, the wrappers and the transforms of a run."""
@@ -318,26 +335,61 @@ class Stack:
     def init(self, x0: Vec, buffers: Vec | None = None) -> ServerState:
         """The state of a fresh run from the model x_0 (and its buffers)."""
         wrappers, transforms = self._split([layer.init(x0) for layer in self.layers])
-        return ServerState(x0.clone(), self.algorithm.server_init(x0),
-                           self.optimizer.init(x0), wrappers, transforms, buffers)
+        name = name_of(self.algorithm, "server_init")
+        with calling(name):
+            own = self.algorithm.server_init(x0)
+        expect(own is None or dataclasses.is_dataclass(own) and not isinstance(own, type), name,
+               f"returned {describe(own)}; expected a frozen dataclass instance (its state) "
+               "or None")
+        return ServerState(x0.clone(), own, self.optimizer.init(x0), wrappers, transforms,
+                           buffers)
 
     def broadcast(self, state: ServerState, t: int) -> Broadcast:
         """What the clients trained from server update ``t`` receive."""
-        return Broadcast(self.algorithm.broadcast(state.x, state.algorithm, t),
+        return Broadcast(self._algorithm_broadcast(state, t),
                          tuple(layer.broadcast(slot, t) for layer, slot
                                in zip(self.layers, self._slots(state))),
                          state.buffers)
 
     def start(self, state: ServerState, t: int) -> Vec:
         """Where the clients of server update ``t`` start from."""
-        return self.algorithm.broadcast(state.x, state.algorithm, t)["x"]
+        return self._algorithm_broadcast(state, t)["x"]
+
+    def _algorithm_broadcast(self, state: ServerState, t: int) -> dict[str, Vec]:
+        """The algorithm's broadcast, checked: a dict whose ``x`` is shaped like the model."""
+        name = name_of(self.algorithm, "broadcast")
+        with calling(name, round=t):
+            bc = self.algorithm.broadcast(state.x, state.algorithm, t)
+        expect(isinstance(bc, dict) and "x" in bc, name,
+               f"returned {describe(bc)}{'' if not isinstance(bc, dict) else ' without x'}; "
+               "expected a dict with the model the clients start from under 'x'", t)
+        returned_vector(bc["x"], state.x, name, "its 'x'", t)
+        return bc
+
+    def weights(self, state: ServerState, clients: np.ndarray, sizes: np.ndarray
+                ) -> np.ndarray:
+        """The algorithm's aggregation weights of ``clients``, checked: one finite number ≥ 0
+        each."""
+        name = name_of(self.algorithm, "aggregation_weights")
+        with calling(name):
+            w = self.algorithm.aggregation_weights(state.algorithm, clients, sizes)
+        try:
+            arr = np.asarray(w, dtype=np.float64)
+        except (TypeError, ValueError):
+            arr = None
+        expect(arr is not None and arr.shape == (len(clients),) and bool(np.isfinite(arr).all())
+               and bool((arr >= 0).all()), name,
+               f"returned {describe(w)}{_values(arr)}; expected {len(clients)} finite weights "
+               "≥ 0, one per client", None)
+        return arr
 
     def client_lr(self, state: ServerState, t: int, lr0: float, decay: float) -> float:
-        """η_l of round ``t``: η_0 · decay^t under the layers' own schedules."""
+        """η_l of round ``t``: η_0 · decay^t under the layers' own schedules (each checked to
+        give a finite rate ≥ 0)."""
         rate: Callable[[int], float] = lambda s: lr0 * decay**s  # noqa: E731
         for layer, slot in zip(self.layers, self._slots(state)):
             rate = (lambda s, layer=layer, slot=slot, inner=rate:
-                    layer.client_lr(slot, s, inner))
+                    _rate(layer, layer.client_lr(slot, s, inner), s))
         return rate(t)
 
     def update(self, state: ServerState, agg: Aggregate, sums: tuple, t: int
@@ -349,15 +401,28 @@ class Stack:
                           state.server_opt)
         slots, metrics = self._slots(state), {}
         for i in reversed(range(len(self.layers))):
-            agg, slots[i], m = self.layers[i].aggregate(slots[i], agg, sums[i], srv)
-            metrics.update(m)
-        x, own, m = self.algorithm.server_update(state.x, state.algorithm, agg, srv)
-        metrics.update(m)
+            name = name_of(self.layers[i], "aggregate")
+            with calling(name, round=t):
+                out = self.layers[i].aggregate(slots[i], agg, sums[i], srv)
+            agg, slots[i], m = returned(out, ("aggregate", "slot", "metrics"), name, t)
+            expect(isinstance(agg, Aggregate), name,
+                   f"returned {describe(agg)} as the aggregate; expected an Aggregate", t)
+            metrics.update(returned_metrics(m, name, t))
+        name = name_of(self.algorithm, "server_update")
+        with calling(name, round=t):
+            out = self.algorithm.server_update(state.x, state.algorithm, agg, srv)
+        x, own, m = returned(out, ("x", "state", "metrics"), name, t)
+        x = returned_vector(x, state.x, name, "its x", t)
+        metrics.update(returned_metrics(m, name, t))
         metrics.update(srv.metrics)
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i])
-            x, slots[i], m = layer.after(slots[i], x, srv)
-            metrics.update(m)
+            name = name_of(layer, "after")
+            with calling(name, round=t):
+                out = layer.after(slots[i], x, srv)
+            x, slots[i], m = returned(out, ("x", "slot", "metrics"), name, t)
+            x = returned_vector(x, state.x, name, "its x", t)
+            metrics.update(returned_metrics(m, name, t))
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics
@@ -368,9 +433,13 @@ class Stack:
 
     def _deployed(self, x: Vec, own: Any, slots: list) -> Vec:
         """The model deployed by the algorithm and the first ``len(slots)`` layers."""
-        x = self.algorithm.deployed(x, own)
-        for layer, slot in zip(self.layers, slots):
-            x = layer.deployed(slot, x)
+        like = x
+        for component, call in [(self.algorithm, lambda x: self.algorithm.deployed(x, own))] + \
+                [(layer, lambda x, layer=layer, slot=slot: layer.deployed(slot, x))
+                 for layer, slot in zip(self.layers, slots)]:
+            name = name_of(component, "deployed")
+            with calling(name):
+                x = returned_vector(call(x), like, name, "the deployed model")
         return x
 
     def extra_models(self, state: ServerState) -> dict[str, Vec]:

@@ -120,7 +120,7 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
                        else None)
     if stack.algorithm.traits.has("setup"):
         state = loop.setup(state)
-    weights = stack.algorithm.aggregation_weights(state.algorithm, client, sizes[client])
+    weights = stack.weights(state, client, sizes[client])
     lr = stack.client_lr(state, 0, cfg.local.lr, cfg.local.lr_decay)
     loop.train(0, stack.broadcast(state, 0), lr, loop.groups(client, weights, None), None,
                client)

@@ -161,13 +161,29 @@ def _import_attr(ref: str) -> Any:
     return obj
 
 
+#: kind -> the class its components subclass (kinds not listed take factories or pairs)
+BASES = {"algorithm": "rayfl.algorithms.base:Algorithm",
+         "selector": "rayfl.selection.base:Selector",
+         "availability": "rayfl.availability.base:AvailabilityModel"}
+
+
 def resolve(kind: str, name: str) -> Any:
-    """The component ``name`` of ``kind``; a :class:`ConfigError` on its config key otherwise."""
+    """The component ``name`` of ``kind``; a :class:`ConfigError` on its config key otherwise
+    (a class that does not subclass its kind's base included)."""
     _check_kind(kind)
-    if name in _REGISTERED[kind]:
-        return _REGISTERED[kind][name]
-    if name in BUILTINS[kind]:
+    if name in BUILTINS[kind] and name not in _REGISTERED[kind]:
         return _import_attr(BUILTINS[kind][name])
+    obj = _REGISTERED[kind][name] if name in _REGISTERED[kind] else _import_user(kind, name)
+    if kind in BASES:
+        base = _import_attr(BASES[kind])
+        if not (isinstance(obj, type) and issubclass(obj, base)):
+            raise ConfigError(KEYS[kind], name, f"a subclass of {base.__module__}."
+                                                f"{base.__qualname__} (got {obj!r})")
+    return obj
+
+
+def _import_user(kind: str, name: str) -> Any:
+    """The object a ``package.module:Name`` reference names."""
     key = KEYS[kind]
     if not isinstance(name, str) or ":" not in name:
         raise ConfigError(key, name, expected(kind))
@@ -268,6 +284,11 @@ class Named:
             component = resolve(cls.KIND, name)
         except ConfigError as e:  # the entry's own key (wrappers[2].name), not the kind's
             raise ConfigError(key, name, e.expected) from None
+        declared = getattr(component, "Params", None)
+        if declared is not None and not dataclasses.is_dataclass(declared):
+            raise ConfigError(key, name, f"a component whose Params is a dataclass of "
+                                         f"rayfl.schema fields (its Params {declared!r} is not "
+                                         "a dataclass: add @dataclass(frozen=True))")
         params_cls = params_class(component)
         theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
         if own & theirs:
@@ -280,7 +301,14 @@ class Named:
             raise ConfigError(f"{prefix}.{unknown[0]}", extra[unknown[0]],
                               no_such_key(unknown[0], prefix, own | theirs))
         section = schema.build_fields(cls, data, prefix)
-        params = schema.build(params_cls, extra, prefix) if params_cls else None
+        try:
+            params = schema.build(params_cls, extra, prefix) if params_cls else None
+        except TypeError as e:  # a Params field of a type the schema cannot validate
+            if not str(e).startswith("unsupported schema type"):
+                raise
+            raise ConfigError(key, name, f"a component whose Params fields have types the "
+                                         f"schema validates ({e}: bool, int, float, str, "
+                                         "Literal, Optional, list, dict or a dataclass)") from None
         section = dataclasses.replace(section, params=params)
         check = getattr(component, "check_section", None)
         if check is not None:  # the component's own rules on its section

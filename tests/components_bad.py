@@ -10,6 +10,8 @@ import torch
 from torch import nn
 
 from rayfl.algorithms.fedavg import FedAvg
+from rayfl.algorithms.server_opt import ServerOpt
+from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.availability import AvailabilityModel
 from rayfl.schema import field
 from rayfl.selection import Selector
@@ -287,3 +289,100 @@ class ClientRaises(FedAvg):
 
     def client_train(self, task, ctx):
         raise ValueError("the client's rule is broken")
+
+
+class BroadcastWithoutX(FedAvg):
+    def broadcast(self, x, state, t):
+        return {"y": x}
+
+
+class NegativeWeights(FedAvg):
+    def aggregation_weights(self, state, client_ids, num_samples):
+        return -np.ones(len(client_ids))
+
+
+class NanWeights(FedAvg):
+    def aggregation_weights(self, state, client_ids, num_samples):
+        return np.full(len(client_ids), np.nan)
+
+
+class ListState(FedAvg):
+    def server_init(self, x0):
+        return [x0.clone()]
+
+
+class ShrinksX(FedAvg):
+    def server_update(self, x, state, agg, srv):
+        x, state, metrics = super().server_update(x, state, agg, srv)
+        return x[:-1], state, metrics
+
+
+class RaisesInRoundTwo(FedAvg):
+    def server_update(self, x, state, agg, srv):
+        if srv.t == 1:
+            raise RuntimeError("the server rule is broken")
+        return super().server_update(x, state, agg, srv)
+
+
+class StringMetric(FedAvg):
+    def server_update(self, x, state, agg, srv):
+        x, state, metrics = super().server_update(x, state, agg, srv)
+        return x, state, {**metrics, "note": "hello"}
+
+
+class DeploysPart(FedAvg):
+    def deployed(self, x, state):
+        return x[:5]
+
+
+class NotAnAlgorithm:
+    """No Algorithm base class."""
+
+
+class NotASelector:
+    def select(self, t, rng, online, m, losses):
+        return online[:m]
+
+
+class PlainParams:
+    pull: float = 0.1
+
+
+class UndecoratedParams(FedAvg):
+    Params = PlainParams
+
+
+@dataclass(frozen=True)
+class SetParams:
+    tags: set = field(frozenset({1}), doc="a set the schema cannot validate")
+
+
+class SetParamsAlgorithm(FedAvg):
+    Params = SetParams
+
+
+# ----- models and wrappers ----------------------------------------------------------------------
+class RaisesWhileBuilding(nn.Module):
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        raise RuntimeError("no accelerator on this laptop")
+
+
+class UploadsNone(ServerWrapper):
+    def client_apply(self, delta, t, client, ctx):
+        return None
+
+
+class NegativeRate(ServerWrapper):
+    def client_lr(self, slot, t, inner):
+        return -inner(t)
+
+
+class AfterReturnsTwo(ServerWrapper):
+    def after(self, slot, x, srv):
+        return x, slot
+
+
+def short_step(section, lr):
+    """A server optimiser whose step misses a coordinate."""
+    return ServerOpt(lambda x: {}, lambda d, s: (lr * d[:-1], s, {}))

@@ -28,8 +28,8 @@ from rayfl.contract import ComponentError
 from tests.conftest import ROOT, TINY
 
 BAD = "tests.components_bad"
-MODEL, SELECTOR, AVAILABILITY = (f"{key}={BAD}:" for key in (
-    "model.name", "selection.name", "availability.model"))
+MODEL, SELECTOR, AVAILABILITY, ALGORITHM = (f"{key}={BAD}:" for key in (
+    "model.name", "selection.name", "availability.model", "algorithm.name"))
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +130,32 @@ PREFLIGHT = [
     # an algorithm whose client fails: named by the user's frame it raised in
     ([f"algorithm.name={BAD}:ClientRaises"], f"{BAD}:ClientRaises.client_train (round 1, "
                                              "client ", "raised ValueError"),
+    # the algorithm's and the wrappers' halves the pre-flight calls, held to their contract
+    ([ALGORITHM + "BroadcastWithoutX"], f"{BAD}:BroadcastWithoutX.broadcast (round 1): "
+                                        "returned a dict without x"),
+    ([ALGORITHM + "NegativeWeights"], f"{BAD}:NegativeWeights.aggregation_weights: returned "
+                                      "a float64 array of shape (1,) with min -1.0",
+     "finite weights ≥ 0"),
+    ([ALGORITHM + "NanWeights"], "NanWeights.aggregation_weights", "with min nan"),
+    ([ALGORITHM + "ListState"], f"{BAD}:ListState.server_init: returned a list of 1; expected "
+                                "a frozen dataclass instance"),
+    ([f"wrappers=[{{name: {BAD}:UploadsNone}}]"], f"{BAD}:UploadsNone.client_apply (round 1, "
+                                                 "client ", "the upload it returned is None"),
+    ([f"wrappers=[{{name: {BAD}:NegativeRate}}]"], f"{BAD}:NegativeRate.client_lr (round 1): "
+                                                  "returned -0.1 as the clients' learning rate"),
+    ([MODEL + "RaisesWhileBuilding"], f"{BAD}:RaisesWhileBuilding: raised RuntimeError: no "
+                                      "accelerator on this laptop (building it for inputs"),
+    # components of the wrong kind, or whose Params the schema cannot read
+    ([ALGORITHM + "NotAnAlgorithm"], "config key 'algorithm.name'",
+     "expected a subclass of rayfl.algorithms.base.Algorithm"),
+    ([SELECTOR + "NotASelector"], "config key 'selection.name'",
+     "expected a subclass of rayfl.selection.base.Selector"),
+    ([AVAILABILITY + "NotASelector"], "config key 'availability.model'",
+     "expected a subclass of rayfl.availability.base.AvailabilityModel"),
+    ([ALGORITHM + "UndecoratedParams"], "its Params <class 'tests.components_bad.PlainParams'> "
+                                        "is not a dataclass"),
+    ([ALGORITHM + "SetParamsAlgorithm"], "config key 'algorithm.name'",
+     "unsupported schema type <class 'set'> at algorithm.tags"),
     # settings that would do nothing, or be silently replaced
     (["rounds=2", "rounds=3"], "config key 'rounds'", "rounds=2, then rounds=3"),
     (["local.lr=0.1", "local={lr: 0.2}"], "config key 'local.lr'", "then local="),
@@ -155,7 +181,7 @@ def test_the_user_frames_follow_the_line_of_an_exception_in_user_code(cli, nothi
 
 
 def test_the_corpus_is_large():
-    assert len(PREFLIGHT) >= 35
+    assert len(PREFLIGHT) >= 48
 
 
 def test_a_list_of_ids_and_a_list_of_booleans_keep_the_contract(cli, tmp_path):
@@ -173,6 +199,39 @@ def test_a_selector_that_breaks_in_round_three_stops_the_run_there(cli, tmp_path
     assert not any("resume" in line for line in err)  # the same code fails the same way
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert pq.read_table(run_dir / "metrics.parquet").column("round").to_pylist() == [1, 2]
+
+
+@pytest.mark.parametrize("overrides, round, phrases", [
+    ([ALGORITHM + "ShrinksX"], 1, ("ShrinksX.server_update (round 1): its x is a float32 "
+                                   "tensor of shape (67,); expected a float tensor of shape "
+                                   "(68,)",)),
+    ([ALGORITHM + "RaisesInRoundTwo"], 2, ("RaisesInRoundTwo.server_update (round 2): raised "
+                                           "RuntimeError: the server rule is broken",)),
+    ([ALGORITHM + "StringMetric"], 1, ("StringMetric.server_update (round 1): metric 'note' is "
+                                       "a str; expected a real number",)),
+    ([ALGORITHM + "DeploysPart"], 1, ("DeploysPart.deployed: the deployed model is a float32 "
+                                      "tensor of shape (5,)",)),
+    ([f"wrappers=[{{name: {BAD}:AfterReturnsTwo}}]"], 1, (
+        "AfterReturnsTwo.after (round 1): returned a tuple of 2; expected a tuple (x, slot, "
+        "metrics)",)),
+    ([f"server_opt.name={BAD}:short_step"], 1, (
+        f"{BAD}:short_step.<locals>.<lambda> (round 1): its step is a float32 tensor of shape "
+        "(67,)",)),
+], ids=["server_update shrinks x", "server_update raises", "a string metric", "deployed",
+        "wrapper after", "server optimiser"])
+def test_a_server_half_that_breaks_its_contract_stops_the_run_in_one_line(overrides, round,
+                                                                           phrases, cli,
+                                                                           tmp_path):
+    """The server halves run only once a round has trained: the run stops there, exit 2, one
+    line naming the method and the round, the user's frames after it, no resume advice."""
+    code, _, err = cli(*overrides, "rounds=3")
+    assert code == 2, err
+    _one_error(err, f"rayfl: error: {BAD}:", *phrases)
+    assert not any("resume" in line for line in err)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    rows = (pq.read_table(run_dir / "metrics.parquet").column("round").to_pylist()
+            if (run_dir / "metrics.parquet").exists() else [])
+    assert rows == list(range(1, round))
 
 
 def test_a_selector_state_a_checkpoint_cannot_hold_is_named_at_the_first_checkpoint(cli):

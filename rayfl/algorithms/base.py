@@ -233,7 +233,15 @@ class ServerRound:
     def step(self, direction: Vec, x: Vec | None = None) -> Vec:
         """x − opt(direction) (x: the round's model unless given); the optimiser's state and
         metrics are updated."""
-        step, self.opt_state, self.metrics = self.optimizer.update(direction, self.opt_state)
+        from rayfl.contract import calling, name_of, returned, returned_metrics, returned_vector
+
+        name = name_of(self.optimizer.update)
+        with calling(name, round=self.t):
+            out = self.optimizer.update(direction, self.opt_state)
+        step, self.opt_state, metrics = returned(out, ("step", "state", "metrics"), name,
+                                                 self.t)
+        step = returned_vector(step, direction, name, "its step", self.t)
+        self.metrics = returned_metrics(metrics, name, self.t)
         return (self.x if x is None else x) - step
 
     def restart_optimizer(self) -> None:

@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 
 from rayfl import registry
-from rayfl.contract import ComponentError, calling, describe, name_of
+from rayfl.contract import ComponentError, calling, describe, name_of, user_frames
 from rayfl.models.flat import FlatModel, sha256_of
 from rayfl.models.rec import rec_metrics
 from rayfl.schema import ConfigError
@@ -51,10 +51,15 @@ def build_for(model_cfg, handle):
     if model_cfg.params is not None:
         kwargs.update({f.name: getattr(model_cfg.params, f.name)
                        for f in dataclasses.fields(model_cfg.params)})
-    with calling(name_of(builder)):  # a failure the data's shapes explain names the key
+    with calling(name_of(builder)):  # a built-in's failure the data's shapes explain: the key
         try:
             model = builder(tuple(handle.input_shape), handle.num_classes, **kwargs)
         except _DATA_ERRORS as e:
+            if not registry.is_builtin("model", name):  # the user's own error, with its frames
+                raise ComponentError(name_of(builder), f"raised {type(e).__name__}: {e} "
+                                     f"(building it for inputs of shape "
+                                     f"{tuple(handle.input_shape)}, {handle.num_classes} "
+                                     "classes)", frames=user_frames(e.__traceback__)) from None
             raise ConfigError("model.name", name, _takes(handle, e)) from None
     check_module(model, builder)
     if model_cfg.projection is not None:

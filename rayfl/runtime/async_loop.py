@@ -159,7 +159,7 @@ class AsyncLoop:
         self.window.online = n_online
         self.window.dispatched += len(clients)
         sizes = self.rounds.sizes[clients]
-        weights = self.rounds.algorithm.aggregation_weights(state.algorithm, clients, sizes)
+        weights = self.rounds.stack.weights(state, clients, sizes)
         for c, sec, dead, w in zip(clients, seconds, failed, weights):
             job = Job(self.now + float(sec), int(c), self.seq, self.version, float(w), bool(dead))
             self.seq += 1

@@ -174,8 +174,7 @@ class RoundLoop:
             num_sampled: int, keep_dir: str | None = None) -> RoundOutcome:
         """Round ``t`` over the dispatched ``clients`` (``num_sampled`` counts dropped ones too)."""
         clients = np.asarray(clients, dtype=np.int64)
-        weights = self.algorithm.aggregation_weights(state.algorithm, clients,
-                                                     self.sizes[clients])
+        weights = self.stack.weights(state, clients, self.sizes[clients])
         groups = self.groups(clients, weights, budgets)
         sums, reports, train_s = self.train(t, self.stack.broadcast(state, t), lr, groups,
                                             keep_dir, clients)

@@ -16,7 +16,7 @@ import torch
 
 from rayfl import rng
 from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
-from rayfl.contract import ComponentError, calling, describe, name_of
+from rayfl.contract import ComponentError, calling, describe, name_of, returned_vector
 from rayfl.layers import Broadcast, ClientContext, ClientState, Stack
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.client_state import decode, encode
@@ -127,7 +127,10 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, bc.layers[i],
                                    dict(saved.layers[i] or {}))
-                delta = layer.client_apply(delta, t, client, lc)
+                name = name_of(layer, "client_apply")
+                with calling(name, round=t, client=client):
+                    delta = returned_vector(layer.client_apply(delta, t, client, lc), x, name,
+                                            "the upload it returned", t)
                 kept.append(lc.state or None)
                 payloads.append(lc.payload)
             buffers = data.model.get_buffers() if data.has_buffers else None

@@ -69,10 +69,10 @@ def _user_rows(path: str, name: str, blob: dict, i: int) -> tuple[str, list, lis
         raise refuse(f"user {user!r} has {len(x)} rows in x but {len(y)} labels in y")
     if not y:
         raise refuse(f"user {user!r} has no samples")
-    if len(counts) != len(blob["users"]) or counts[i] != len(y):
-        declared = counts[i] if i < len(counts) else "no entry"
+    if len(counts) != len(blob["users"]) or type(counts[i]) is not int or counts[i] != len(y):
+        declared = repr(counts[i]) if i < len(counts) else "no entry"
         raise refuse(f"num_samples says {declared} for user {user!r}, who has {len(y)} "
-                     "samples")
+                     "samples (a whole number each, one per user)")
     return user, x, y
 
 
@@ -106,10 +106,13 @@ def _pixels(x: list, y: list) -> tuple[np.ndarray, np.ndarray]:
     """One writer's rows: 784 finite pixels in [0, 1] stored as uint8 (×255, rounded), and
     labels 0..61."""
     try:
-        px = np.asarray(x, dtype=np.float32)
+        px = np.asarray(x)
     except (ValueError, TypeError):
-        raise ValueError(f"x rows of {PIXELS} numbers (rows of unequal lengths or not "
-                         "numbers)") from None
+        px = None
+    if px is None or px.dtype.kind not in "fiu":  # strings, objects, ragged rows
+        raise ValueError(f"x rows of {PIXELS} numbers (rows of unequal lengths or values "
+                         "that are not numbers, such as strings)")
+    px = px.astype(np.float32, copy=False)
     if px.ndim != 2 or px.shape[1] != PIXELS:
         raise ValueError(f"x rows of {PIXELS} pixels (found rows of "
                          f"{px.shape[1] if px.ndim == 2 else 'other shapes'})")

@@ -107,6 +107,14 @@ def load(cfg, seed: int) -> Arrays:
     last = np.r_[u[1:] != u[:-1], True]  # each user's latest rating is the test positive
     items = len(movie_ids)
     rated = np.unique(u * items + m)
+    unrated = items - np.bincount(rated // items, minlength=len(user_ids))
+    short = np.flatnonzero((unrated < TEST_NEG) & (np.bincount(u, minlength=len(user_ids)) > 0))
+    if len(short):
+        raise ConfigError("data.root", os.path.join(root, "ratings.dat"),
+                          f"every user with two ratings or more to leave at least {TEST_NEG} of "
+                          f"the {items} movies unrated (the test ranks a user's latest rating "
+                          f"against {TEST_NEG} distinct unrated movies); user "
+                          f"{user_ids[short[0]]} leaves {unrated[short[0]]}")
     rng = stream(seed, MOVIELENS)
     tu, tm, pu = u[~last], m[~last], u[last]
     nu = np.repeat(tu, TRAIN_NEG)
