@@ -66,3 +66,15 @@ def s3_keys(client, prefix: str) -> list[str]:
     """Every object key under ``prefix`` in the test bucket (read with boto3, not pyarrow)."""
     pages = client.get_paginator("list_objects_v2").paginate(Bucket="rayfl-test", Prefix=prefix)
     return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if a refused input gets as far as starting the run (Ray or the rounds)."""
+    from rayfl import simulation
+
+    def started(*_a, **_k):
+        raise AssertionError("a refused input started the run")
+
+    monkeypatch.setattr(simulation, "_ensure_ray", started)
+    monkeypatch.setattr(simulation, "_execute", started)

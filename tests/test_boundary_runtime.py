@@ -22,7 +22,6 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rayfl import simulation
 from rayfl.cli import main
 from rayfl.contract import ComponentError
 from tests.conftest import ROOT, TINY
@@ -49,16 +48,6 @@ def cli(tmp_path, capsys, cache):
         return code, out.out.splitlines(), out.err.splitlines()
 
     return call
-
-
-@pytest.fixture
-def nothing_started(monkeypatch):
-    """Fail the test if a refused input gets as far as starting the run."""
-    def started(*_a, **_k):
-        raise AssertionError("a refused input started the run")
-
-    monkeypatch.setattr(simulation, "_ensure_ray", started)
-    monkeypatch.setattr(simulation, "_execute", started)
 
 
 def _only_user_frames(lines: list[str]) -> None:
@@ -168,14 +157,14 @@ PREFLIGHT = [
 @pytest.mark.parametrize("overrides, phrases", [
     pytest.param(c[0], c[1:], id=" ".join(c[0]).replace(f"{BAD}:", "")) for c in PREFLIGHT])
 def test_a_broken_contract_is_one_line_before_anything_is_written(overrides, phrases, cli,
-                                                                  tmp_path, nothing_started):
+                                                                  tmp_path, no_ray):
     code, _, err = cli(*overrides)
     assert code == 2, err
     _one_error(err, *phrases)
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_user_frames_follow_the_line_of_an_exception_in_user_code(cli, nothing_started):
+def test_the_user_frames_follow_the_line_of_an_exception_in_user_code(cli, no_ray):
     _, _, err = cli(SELECTOR + "RaisesInSelect")
     assert "components_bad.py" in err[1] and err[2] == '    return {}["clients"]', err
 

@@ -24,7 +24,7 @@ import threading
 import numpy as np
 import pytest
 
-from rayfl import config, simulation
+from rayfl import config
 from rayfl.cli import main
 from rayfl.data import datasets, prepare, sources, store
 from rayfl.data.datasets import Arrays
@@ -32,16 +32,6 @@ from tests.conftest import TINY
 from tests.test_text_data import write_sqlite
 
 HERE = "tests.test_data_boundary"
-
-
-@pytest.fixture
-def no_ray(monkeypatch):
-    """Fail the test if a refused load gets as far as Ray."""
-    def touched(*_a, **_k):
-        raise AssertionError("a malformed dataset reached Ray")
-
-    monkeypatch.setattr(simulation, "_ensure_ray", touched)
-    monkeypatch.setattr(simulation, "_execute", touched)
 
 
 def refused(tmp_path, capsys, overrides, *, command="data", frames=False) -> str:

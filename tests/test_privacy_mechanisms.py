@@ -31,7 +31,7 @@ from rayfl.algorithms.base import ServerRound
 from rayfl.layers import Facts
 from rayfl.transforms.dp import CorrelatedDP, GaussianDP, GaussianDPParams
 from tests.conftest import TINY
-from tests.test_malformed import _refused, cache, no_ray  # noqa: F401 (fixtures)
+from tests.test_malformed import _refused, cache  # noqa: F401 (fixtures)
 
 # ----- tree aggregation -------------------------------------------------------------------
 
