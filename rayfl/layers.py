@@ -71,6 +71,12 @@ class LayerTraits:
     inner_model: str | None = None
     #: the tuner's preset: dotted run-config key -> parameter spec
     search_space: dict = field(default_factory=dict)
+    #: it privatises what leaves a client (the DP mechanism): every other report a client
+    #: sends beside the upload must be one it accounts for or one declared public
+    privatises: bool = False
+    #: its client half's payload keys that carry no client data (chosen by the seed, not
+    #: the data): allowed beside a privatising layer
+    public_reports: tuple[str, ...] = ()
 
 
 @dataclass
@@ -397,6 +403,7 @@ class Stack:
         """Server update ``t``: the layers' server halves on the way in (last layer first), the
         algorithm's update with the server optimiser, the layers' halves on the way out;
         returns (state, the aggregate as the algorithm saw it, metrics)."""
+        self.check_reports(agg.extras, sums, t)
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics = self._slots(state), {}
@@ -426,6 +433,19 @@ class Stack:
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics
+
+    def check_reports(self, algorithm_keys, sums: tuple, t: int | None) -> None:
+        """Under a layer that privatises the upload (DP), refuse every report a client sent
+        beside it that the layer does not account for: the algorithm's payload keys and every
+        other layer's, but for those declared public (a ComponentError naming the sender)."""
+        guard = next((layer for layer in self.layers if layer.traits.privatises), None)
+        if guard is None:
+            return
+        sent = [(name_of(self.algorithm, "client_train"), key) for key in algorithm_keys]
+        sent += [(name_of(layer, "client_apply"), key)
+                 for layer, own in zip(self.layers, sums) if layer is not guard
+                 for key in own if key not in layer.traits.public_reports]
+        guard.check_reports(sent, t)
 
     def deployed(self, state: ServerState) -> Vec:
         """The model evaluated, reported and saved."""

@@ -109,9 +109,10 @@ def _smallest_client(sizes: np.ndarray) -> int | None:
 
 def _train_one_client(cfg, handle, worker, client_id: int) -> None:
     """Round 1's client-side work for client ``client_id``: the algorithm's server state and
-    broadcast, its client procedure, the client-side transforms."""
+    broadcast, its client procedure, the client-side transforms; then what it sent beside the
+    upload, held to the privacy mechanism's account."""
     from rayfl.runtime.executors import InProcessExecutor
-    from rayfl.runtime.loop import RoundLoop
+    from rayfl.runtime.loop import RoundLoop, merge
 
     sizes, client = handle.sizes(), np.array([client_id])
     stack, model = worker.stack, worker.model
@@ -122,8 +123,10 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
         state = loop.setup(state)
     weights = stack.weights(state, client, sizes[client])
     lr = stack.client_lr(state, 0, cfg.local.lr, cfg.local.lr_decay)
-    loop.train(0, stack.broadcast(state, 0), lr, loop.groups(client, weights, None), None,
-               client)
+    sums, _, _ = loop.train(0, stack.broadcast(state, 0), lr,
+                            loop.groups(client, weights, None), None, client)
+    total = merge(sums[g] for g in sorted(sums))
+    stack.check_reports([*total.extras, *total.rows], total.layer_sums(len(stack.layers)), 0)
 
 
 @contextlib.contextmanager

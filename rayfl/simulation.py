@@ -162,7 +162,7 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
 
 
 def progress_line(info: dict, eta: Eta | None = None) -> str:
-    """``round 3/20 | loss 0.53 | acc 81.2% | 1.4 s/round | ETA 0:00:23``.
+    """``round 3/20 | loss 0.53 | acc 81.2% | ε 1.7 (replace-one) | 1.4 s/round | ETA 0:00:23``.
 
     ``info`` is a metrics row (``round`` counts from 1) with ``rounds``. The s/round and the
     ETA are the mean over the last rounds seen by ``eta`` (this round only without one).
@@ -175,6 +175,9 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
         parts.append(f"loss {info['train_loss']:.4f}")
     if info.get("test_accuracy") is not None:
         parts.append(f"acc {100 * info['test_accuracy']:.2f}%")
+    if "dp_epsilon" in info:
+        label = f" ({info['dp_label']})" if info.get("dp_label") else ""
+        parts.append(f"ε {info['dp_epsilon']:.3g}{label}")
     if "round_s" in info:
         eta = eta or Eta()
         eta.add(info["round_s"])

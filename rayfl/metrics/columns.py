@@ -44,7 +44,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                                        "previous round (period drift; from round 2)")),
         "dp_epsilon": ("ε", ("privacy spent so far (with `privacy`; δ = privacy.delta; "
                             "dp_ftrl/banded_mf: the worst case over the participation bound, "
-                            "each client's own ε in participation.parquet)")),
+                            "each client's own ε in participation.parquet); stated under the "
+                            "neighbouring relation summary.json's privacy entry names")),
         "dp_clip_norm": ("L2 norm", ("the clip norm S of the round (privacy.adaptive_clip: it "
                                     "tracks the target quantile of update norms)")),
         "upload_bytes": ("bytes", ("what the round's completed clients uploaded for their "
@@ -152,6 +153,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
 }
 
 ROUNDS_KEY = ("rounds", "on_round only", "the run's configured round count")
+LABEL_KEY = ("dp_label", "on_round only", "with `privacy`: the neighbouring relation ε is "
+             "stated under, and the reports it excludes (privacy.public_reports)")
 
 
 def _pattern(name: str) -> re.Pattern:
@@ -173,7 +176,8 @@ def markdown() -> str:
            ("Generated from `rayfl/metrics/columns.py` by `rayfl keys --metrics METRICS.md`; a "
            "test keeps it in sync and checks that every column a run writes is listed. "
            "`rayfl.run(..., on_round=fn)` calls `fn(row)` with exactly this row after every "
-           f"round, plus `{ROUNDS_KEY[0]}` ({ROUNDS_KEY[2]}). A column a round does not "
+           f"round, plus `{ROUNDS_KEY[0]}` ({ROUNDS_KEY[2]}) and `{LABEL_KEY[0]}` "
+           f"({LABEL_KEY[2]}). A column a round does not "
            "produce is null (missing from `on_round`'s row). Accuracies are fractions here and "
            "percent in the terminal and figures. Per-client scores of every evaluated client "
            "are in `client_eval.parquet` (round, client, samples, accuracy, loss, "

@@ -19,6 +19,7 @@ from rayfl.metrics import provenance
 from rayfl.metrics.files import _plain, write_json, write_parquet
 from rayfl.metrics.live import LiveMetrics
 from rayfl.models import sha256_of
+from rayfl.privacy.statement import statement
 
 
 class MetricsLog:
@@ -108,7 +109,8 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
     reached = next((t for t, a in evals if target is not None and a >= target), None)
     dp = {} if cfg.privacy is None else {
         "epsilon": rows[-1].get("dp_epsilon", 0.0) if rows else 0.0, "delta": cfg.privacy.delta,
-        "stopped_at_target_epsilon": len(rows) < cfg.rounds}
+        "stopped_at_target_epsilon": len(rows) < cfg.rounds,
+        "privacy": statement(cfg.privacy, bool(cfg.eval.clients))}
     return {
         **dp,
         "name": cfg.name,

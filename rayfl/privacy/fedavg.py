@@ -7,6 +7,13 @@ noise and clipping are the :class:`rayfl.transforms.dp.GaussianDP` transform. ε
 at the configured δ comes from Google's ``dp-accounting`` (RDP, or PLD for Poisson sampling):
 t self-compositions of the sampled Gaussian mechanism. It depends only on (q or N, K, z, t, δ),
 so a resumed run reports the same ε without keeping accountant state.
+
+Each sampling mode has its own neighbouring relation (:data:`RELATIONS`), and dp-accounting's
+noise multiplier is the noise over the sum's L2 sensitivity *under that relation*. Poisson
+sampling is accounted for add-or-remove-one neighbours: one client's clipped update moves the
+sum by at most S, so the event's multiplier is z. Sampling exactly K of N is accounted for
+replace-one neighbours (adding a client would change N): replacing one client's update by
+another's moves the sum by up to 2S (+S·e against −S·e), so the event's multiplier is z / 2.
 """
 
 from __future__ import annotations
@@ -17,10 +24,17 @@ import dp_accounting as dpa
 from dp_accounting import pld, rdp
 
 
+#: the neighbouring relation ε is stated under, by sampling mode
+RELATIONS = {"poisson": "add-or-remove-one", "fixed": "replace-one"}
+#: the L2 sensitivity of the round's sum in units of the clip norm S, by sampling mode
+SENSITIVITY = {"poisson": 1.0, "fixed": 2.0}
+
+
 def round_event(sampling: str, num_clients: int, per_round: int,
                 noise_multiplier: float) -> dpa.DpEvent:
-    """One round's mechanism: the Gaussian mechanism on a sampled set of clients."""
-    gaussian = dpa.GaussianDpEvent(noise_multiplier)
+    """One round's mechanism: the Gaussian mechanism on a sampled set of clients, its noise
+    multiplier relative to the sum's sensitivity under the sampling mode's relation."""
+    gaussian = dpa.GaussianDpEvent(noise_multiplier / SENSITIVITY[sampling])
     if sampling == "poisson":
         return dpa.PoissonSampledDpEvent(per_round / num_clients, gaussian)
     return dpa.SampledWithoutReplacementDpEvent(num_clients, per_round, gaussian)
@@ -35,7 +49,7 @@ def epsilon(rounds: int, delta: float, sampling: str, num_clients: int, per_roun
         return math.inf
     event = dpa.SelfComposedDpEvent(
         round_event(sampling, num_clients, per_round, noise_multiplier), rounds)
-    if sampling == "fixed":  # adding or removing a client changes N: replace-one neighbours
+    if sampling == "fixed":
         acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
     else:
         acc = rdp.RdpAccountant() if accountant == "rdp" else pld.PLDAccountant()

@@ -23,6 +23,7 @@ from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
+from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import ClientWorker, WorkerParts, model_for, peak_rss_mb
@@ -56,6 +57,7 @@ class Server:
         self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
             self.accountant.rounds_within(dp.target_epsilon, cfg.rounds)
         self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
+        self.epsilon_label = {} if dp is None else {"dp_label": epsilon_label(dp)}
         poisson = dp is not None and dp.sampling == "poisson"
         w = self.model.w
         self.sampler = make_sampler(
@@ -179,7 +181,8 @@ class Server:
                 tick = time.perf_counter()
                 self._checkpoint(t, row["elapsed_s"])
                 checkpoint_s = time.perf_counter() - tick
-            self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds})
+            self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
+                                       **self.epsilon_label})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged or starved:

@@ -110,9 +110,12 @@ class PrivacyConfig:
                          lo=0.0, hi=1.0, lo_open=True, hi_open=True)
     sampling: Literal["fixed", "poisson"] = field(
         "fixed", doc="fixed: clients_per_round of the clients without replacement (RDP "
-                     "accountant, replace-one neighbours); poisson: each client with "
+                     "accountant, replace-one neighbours: one client's update swapped for "
+                     "another's moves the sum by 2·clip_norm); poisson: each client with "
                      "probability clients_per_round / clients (dp_fedavg only: dp_ftrl and "
-                     "banded_mf take clients_per_round of the eligible online clients)")
+                     "banded_mf take clients_per_round of the eligible online clients); poisson is "
+                     "accounted for add-or-remove-one neighbours, dp_ftrl and banded_mf for "
+                     "zero-out neighbours (a client's updates replaced by zeros)")
     accountant: Literal["rdp", "pld"] = field(
         "rdp", doc="dp-accounting's RDP or PLD accountant (dp_fedavg: pld with poisson "
                    "sampling only)")
@@ -144,6 +147,12 @@ class PrivacyConfig:
                   "run)", lo=1)
     honaker: bool = field(False, doc="dp_ftrl: Honaker's variance-reduced estimator of the "
                                      "prefix sums (same ε, less noise)")
+    public_reports: list[str] = field(
+        factory=list, doc="payload keys a layer's or algorithm's client half sends beside the "
+                          "noised update that you declare public on purpose (a wrapper's "
+                          "'loss', say): they leave the clients unnoised, so ε is labelled as "
+                          "excluding them (summary.json, the progress line); any other such "
+                          "report is refused, since the account does not cover it")
 
     def check(self, prefix: str) -> None:
         from rayfl.privacy.rules import check_section

@@ -29,7 +29,8 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.layers import Facts
+from rayfl.contract import ComponentError
+from rayfl.layers import Facts, LayerTraits
 
 if TYPE_CHECKING:
     from rayfl.privacy.banded import BandedNoise
@@ -72,6 +73,11 @@ class GaussianDP(Transform):
 
     name = "dp_gaussian"
     Params = GaussianDPParams
+    traits = LayerTraits(privatises=True)
+    #: the reports the user declared public (``privacy.public_reports``)
+    public_reports: tuple[str, ...] = ()
+    #: the mechanism's name in the privacy section, for its refusals
+    mechanism = "dp_fedavg"
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "GaussianDP":
@@ -83,7 +89,24 @@ class GaussianDP(Transform):
         return cls(GaussianDPParams(
             privacy.noise_multiplier, privacy.clip_norm, facts.clients_per_round,
             None if ad is None else ad.target_quantile, 0.2 if ad is None else ad.learning_rate,
-            None if ad is None else ad.count_noise), facts)
+            None if ad is None else ad.count_noise), facts).declaring(privacy)
+
+    def declaring(self, privacy) -> "GaussianDP":
+        """This mechanism with its privacy section's name and public reports."""
+        self.mechanism, self.public_reports = privacy.mechanism, tuple(privacy.public_reports)
+        return self
+
+    def check_reports(self, sent: list[tuple[str, str]], t: int | None) -> None:
+        """Refuse the first (sender, key) of ``sent`` not declared public: it left a client
+        unnoised, outside the account."""
+        for sender, key in sent:
+            if key not in self.public_reports:
+                raise ComponentError(
+                    sender, f"sent {key!r} to the server beside the noised update under "
+                    f"privacy.mechanism {self.mechanism}: it leaves every client unclipped and "
+                    "unnoised, outside the privacy account. Stop sending it under privacy, or "
+                    f"declare it public on purpose with privacy.public_reports: [{key}] (ε is "
+                    "then labelled as excluding it)", t)
 
     @property
     def adaptive(self) -> bool:
@@ -182,7 +205,7 @@ class CorrelatedDP(GaussianDP):
             source = BandedNoise(facts.seed, coefficients(
                 bands_of(privacy), privacy.band_coefficients or "optimized", facts.rounds))
         return cls(GaussianDPParams(privacy.noise_multiplier, privacy.clip_norm,
-                                    facts.clients_per_round), facts, source)
+                                    facts.clients_per_round), facts, source).declaring(privacy)
 
     def init(self, x0: Vec) -> dict:
         return self.source.fresh_state()

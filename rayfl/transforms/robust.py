@@ -230,6 +230,7 @@ class Attack(Transform):
 
     name = "attack"
     Params = AttackParams
+    traits = LayerTraits(public_reports=("attackers",))  # who attacks is the seed's choice
 
     def is_attacker(self, client: int) -> bool:
         return bool(rng.stream(self.seed, client, rng.ATTACKERS).random()
