@@ -37,7 +37,8 @@ RESULTS = os.path.join(ROOT, "benchmarks", "privacy", "mechanisms.jsonl")
 OUTPUT = os.path.join(ROOT, "runs", "privacy-mechanisms")
 EPSILONS = (8.0, 2.0)
 MECHANISMS = {  # row name -> overrides of the base config
-    "DP-FedAvg": ["privacy.mechanism=dp_fedavg"],
+    "DP-FedAvg": ["privacy.mechanism=dp_fedavg"],  # fixed-size sampling: replace-one
+    "DP-FedAvg, Poisson": ["privacy.mechanism=dp_fedavg", "privacy.sampling=poisson"],
     "DP-FTRL": ["privacy.mechanism=dp_ftrl", "privacy.min_separation=25",
                 "privacy.honaker=true"],
     "banded MF": ["privacy.mechanism=banded_mf", "privacy.min_separation=25"],
@@ -65,7 +66,7 @@ def rows() -> list[tuple[Key, list[str]]]:
             for eps in EPSILONS:
                 for mech, over in MECHANISMS.items():
                     for avail, a_over in AVAILABILITY.items():
-                        if mech == "DP-FedAvg" and avail != "always":
+                        if mech.startswith("DP-FedAvg") and avail != "always":
                             continue  # refused: its ε rests on uniform sampling
                         out.append(((model, mech, avail, eps, seed), base + over + a_over))
     return out
@@ -116,6 +117,7 @@ def run_one(key: Key, overrides: list[str]) -> dict:
     return {"model": model, "mechanism": mech, "availability": avail, "target_epsilon": eps,
             "seed": seed,
             "noise_multiplier": z, "epsilon": s["epsilon"],
+            "relation": s["privacy"]["neighbouring_relation"] if z > 0 else None,
             "epsilon_individual_median": s.get("participation", {}).get(
                 "epsilon_individual_median"),
             "final_accuracy": s["final_accuracy"],
@@ -133,10 +135,11 @@ def table() -> str:
     by_row: dict[tuple, list[dict]] = {}
     for r in sorted(results, key=lambda r: r.get("seed", 0)):
         by_row.setdefault(_key(r)[:4], []).append(r)
-    head = ("| model | ε (δ = 6.98e-5) | mechanism | availability | z | ε reached (worst case) "
+    head = ("| model | ε (δ = 6.98e-5) | mechanism | neighbours | availability | z "
+            "| ε reached (worst case) "
             "| ε median client | final accuracy | clients per round | clients that took part | "
             "participations mean / max |")
-    out = [head, "|" + "---|" * 11]
+    out = [head, "|" + "---|" * 12]
     for key in dict.fromkeys(k[:4] for k, _ in rows()):
         if key not in by_row:
             continue
@@ -147,7 +150,7 @@ def table() -> str:
         med = r["epsilon_individual_median"]
         out.append(
             f"| {r.get('model', 'logreg')} | {r['target_epsilon']:g} | {r['mechanism']} | "
-            f"{r['availability']} | {r['noise_multiplier']:.3f} | "
+            f"{r['relation'] or '—'} | {r['availability']} | {r['noise_multiplier']:.3f} | "
             f"{'∞' if r['epsilon'] is None else format(r['epsilon'], '.3f')} | "
             f"{'—' if med is None else f'{med:.3f}'} | {acc} | "
             f"{r['clients_per_round_mean']:.1f} | {r['clients']} | "
@@ -173,8 +176,11 @@ def noise_table(rounds: int = 100, separation: int = 25) -> str:
 
     base = [f"rounds={rounds}"]
     sep = f"privacy.min_separation={separation}"
-    lines = {"DP-FedAvg (independent, amplified)": (
-                 ["privacy.mechanism=dp_fedavg"], lambda: (float(rounds), (rounds + 1) / 2)),
+    independent = lambda: (float(rounds), (rounds + 1) / 2)  # noqa: E731
+    lines = {"DP-FedAvg, fixed size (replace-one)": (["privacy.mechanism=dp_fedavg"],
+                                                     independent),
+             "DP-FedAvg, Poisson (add-or-remove-one)": (
+                 ["privacy.mechanism=dp_fedavg", "privacy.sampling=poisson"], independent),
              "DP-FTRL, one tree": (["privacy.mechanism=dp_ftrl", sep],
                                    lambda: variances(tree.TreeNoise(0))),
              "DP-FTRL, one tree, Honaker": (["privacy.mechanism=dp_ftrl", sep,
