@@ -10,7 +10,10 @@ from __future__ import annotations
 import base64
 import csv
 import dataclasses
+import errno
+import fcntl
 import hashlib
+import http.client
 import io
 import json
 import lzma
@@ -220,7 +223,7 @@ def test_cifar10_is_fetched_and_read_by_its_loader(server, tmp_path, capsys):
         record = json.load(f)
     assert record["digest"] == hashlib.sha256(archive).hexdigest()
     assert record["url"] == f"{server.url}/cifar-10-python.tar.gz"
-    assert sorted(os.listdir(home(tmp_path))) == [".cifar10.lock", "cifar10"]  # no .part left
+    assert os.listdir(home(tmp_path)) == ["cifar10"]  # no .part, no .lock left
 
 
 def test_cifar100_is_fetched_with_its_fine_labels(server, tmp_path, capsys):
@@ -389,7 +392,8 @@ def test_a_corrupted_download_is_refused_and_removed(server, tmp_path, capsys):
     assert out == "" and err.count("\n") == 1 and err.startswith("rayfl: error: ")
     assert f"{server.url}/cifar-10-python.tar.gz" in err and f"sha256 {want}" in err
     assert hashlib.sha256(corrupt).hexdigest() in err
-    assert os.listdir(home(tmp_path)) == [".cifar10.lock"]  # no folder, no .part, no temp
+    assert "the transfer completed" in err and "removed" in err
+    assert os.listdir(home(tmp_path)) == []  # no folder, no .part, no temp, no .lock
 
 
 def test_an_archive_without_the_loaders_files_is_not_moved_into_place(server, tmp_path, capsys):
@@ -397,8 +401,7 @@ def test_an_archive_without_the_loaders_files_is_not_moved_into_place(server, tm
     assert fetch("cifar10", "--quiet") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cifar-10-batches-py/test_batch" in err
-    assert sorted(os.listdir(home(tmp_path))) == [  # no folder, no temporary one
-        ".cifar10.cifar-10-python.tar.gz.part", ".cifar10.lock"]  # it matched its checksum
+    assert os.listdir(home(tmp_path)) == []  # no folder, no temporary one, no .part
 
 
 @pytest.mark.parametrize("how", ["no server", "HTTP 404"])
@@ -413,7 +416,7 @@ def test_no_server_or_a_missing_file_is_one_line(server, tmp_path, capsys, monke
     assert out == "" and err.count("\n") == 1 and "shakespeare.sqlite.lzma" in err
     assert ("could not download it" in err) and (how != "HTTP 404" or "HTTP 404" in err)
     assert not os.path.exists(home(tmp_path, "tff_shakespeare"))
-    assert [n for n in os.listdir(home(tmp_path)) if not n.endswith(".lock")] == []
+    assert os.listdir(home(tmp_path)) == []
 
 
 def test_a_cut_transfer_resumes_with_a_range_request(server, tmp_path, capsys):
@@ -432,6 +435,143 @@ def test_a_cut_transfer_resumes_with_a_range_request(server, tmp_path, capsys):
     assert not os.path.exists(part)
     a = datasets.load(data_cfg(dataset="cifar10", root=home(tmp_path, "cifar10")), 0)
     np.testing.assert_array_equal(a.x_test, batches["test_batch"][0])
+
+
+def test_a_short_file_sent_whole_is_removed_not_resumed(server, tmp_path, capsys):
+    archive, _ = cifar10_archive(tmp_path)
+    short = archive[:len(archive) // 3]
+    server.serve("cifar10", short, publish=archive)  # complete, as the server announces it
+    for _ in range(2):  # the same refusal every time: nothing kept, nothing appended
+        assert fetch("cifar10", "--quiet") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the transfer completed" in err
+        assert f"({len(short):,} bytes); it was removed" in err and "again" not in err
+        assert os.listdir(home(tmp_path)) == []
+    assert [r[2] for r in server.gets("cifar-10-python.tar.gz")] == [None, None]  # no Range
+
+
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", None])
+def test_an_html_page_served_for_the_archive_is_named(server, tmp_path, capsys, content_type):
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", b"\n<!DOCTYPE html><html><body>Not here</body></html>",
+                 publish=archive)
+    if content_type:
+        server.headers["cifar-10-python.tar.gz"] = {"Content-Type": content_type}
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the mirror served an HTML page, not the archive" in err
+    assert "RAYFL_DATA_MIRROR" in err and os.listdir(home(tmp_path)) == []
+
+
+@pytest.mark.parametrize("code,words", [(errno.ENOSPC, "no space left on the device (ENOSPC"),
+                                        (errno.EROFS, "(EROFS: Read-only file system)"),
+                                        (errno.EACCES, "(EACCES: Permission denied)")])
+def test_a_full_disk_or_read_only_folder_is_named_and_nothing_is_left(server, tmp_path, capsys,
+                                                                      monkeypatch, code, words):
+    from rayfl.data import fetch as fetching
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+
+    def refuse(out, chunk):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fetching, "_write", refuse)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "--root" in err
+    assert home(tmp_path).rstrip("/") in err
+    assert "transfer broke" not in err and os.listdir(home(tmp_path)) == []
+
+
+def test_a_full_disk_while_unpacking_or_a_lock_that_cannot_be_made(server, tmp_path, capsys,
+                                                                   monkeypatch):
+    from rayfl.data import fetch as fetching
+    from rayfl.data import fetch_unpack
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+
+    def full(archive, folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fetch_unpack, "cifar10", full)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no space left" in err and os.listdir(home(tmp_path)) == []
+
+    def read_only(path, *args, **kwargs):
+        if path.endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(fetching, "open", read_only, raising=False)
+    assert fetch("cifar10", "--quiet", "--root", str(tmp_path / "ro" / "cifar10")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "EROFS" in err and os.listdir(tmp_path / "ro") == []
+
+
+@pytest.mark.parametrize("stop", [TimeoutError("timed out"), KeyboardInterrupt()])
+def test_the_bytes_said_to_be_kept_are_the_bytes_in_the_part(server, tmp_path, capsys,
+                                                              monkeypatch, stop):
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+    read1, sizes = http.client.HTTPResponse.read1, []
+
+    def read_then_stop(response, n=-1):  # one read arrives, then the connection stalls
+        if sizes:
+            raise stop
+        sizes.append(len(read1(response, n)))
+        return archive[:sizes[0]]
+
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", read_then_stop)
+    assert fetch("cifar10", "--quiet") == (130 if isinstance(stop, KeyboardInterrupt) else 2)
+    err = capsys.readouterr().err
+    part = os.path.join(home(tmp_path), ".cifar10.cifar-10-python.tar.gz.part")
+    assert 0 < sizes[0] < len(archive) and os.path.getsize(part) == sizes[0]
+    assert f" {sizes[0]:,} " in err and part in err and err.count("\n") == 1
+    assert sorted(os.listdir(home(tmp_path))) == [os.path.basename(part)]  # no .lock
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", read1)
+    assert fetch("cifar10", "--quiet") == 0  # continues from there
+    assert server.gets("cifar-10-python.tar.gz")[-1][2] == f"bytes={sizes[0]}-"
+
+
+def test_a_second_fetch_says_it_waits_for_the_first(server, tmp_path, capsys, monkeypatch):
+    from rayfl.data import fetch as fetching
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+    os.makedirs(home(tmp_path))
+    lock_path = os.path.join(home(tmp_path), ".cifar10.lock")
+    waiting, said = threading.Event(), fetching._waiting
+
+    def announce(folder, lock):
+        said(folder, lock)
+        waiting.set()
+
+    monkeypatch.setattr(fetching, "_waiting", announce)
+    codes = []
+    with open(lock_path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other fetch
+        second = threading.Thread(target=lambda: codes.append(fetch("cifar10", "--quiet")))
+        second.start()
+        assert waiting.wait(120)
+        assert server.requests == []  # it waits: nothing downloaded yet
+    second.join(120)
+    assert codes == [0]
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "another process is fetching into" in err
+    assert "waiting for it to finish" in err and lock_path in err and "fetched" in out
+    assert os.listdir(home(tmp_path)) == ["cifar10"]
+
+
+@pytest.mark.parametrize("mirror", ["not a url", "ftp//host", "http://"])
+def test_a_mirror_that_is_not_a_url_is_one_line(server, tmp_path, capsys, monkeypatch, mirror):
+    monkeypatch.setenv("RAYFL_DATA_MIRROR", mirror)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RAYFL_DATA_MIRROR" in err and "http" in err
+    assert not os.path.exists(home(tmp_path)) and server.requests == []
 
 
 def test_a_dataset_already_there_is_not_downloaded_again(server, tmp_path, capsys):

@@ -2,12 +2,15 @@
 its loader reads (``data.root``); ``data.fetch: true`` does the same for a run whose dataset is
 missing, before the partition is built.
 
-The download goes to ``.<folder>.<file>.part`` beside the destination folder and, interrupted,
-continues from there with an HTTP Range request on the next try. It is checked (size and
-checksum, see :mod:`rayfl.data.fetch_sources`) before anything is unpacked; a mismatch removes
-it. The files are laid out in a temporary folder beside the destination, which is renamed into
-place only when complete, holding ``.rayfl-fetch.json`` (what was fetched from where): a
-destination is either absent or whole. Failures are one :class:`FetchError` line (exit 2).
+The download goes to ``.<folder>.<file>.part`` beside the destination folder and, when the
+transfer breaks before the bytes the server announced, continues from there with an HTTP Range
+request on the next try. A complete download is checked (size and checksum, see
+:mod:`rayfl.data.fetch_sources`) before anything is unpacked; a mismatch removes it. The files
+are laid out in a temporary folder beside the destination, which is renamed into place only when
+complete, holding ``.rayfl-fetch.json`` (what was fetched from where): a destination is either
+absent or whole. Fetches into one folder take turns on ``.<folder>.lock`` beside it, removed when
+done. Failures are one :class:`FetchError` line (exit 2), and leave nothing behind but the part
+of a broken transfer.
 """
 
 from __future__ import annotations
@@ -18,25 +21,28 @@ import contextlib
 import csv
 import dataclasses
 import datetime
+import errno
 import fcntl
 import hashlib
 import http.client
 import json
 import lzma
 import os
+import posixpath
 import shutil
 import sqlite3
 import sys
 import tarfile
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from typing import TYPE_CHECKING, Optional
 
 from rayfl.data import fetch_unpack
-from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, Source, default_folder,
-                                      url_of)
+from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, File, Source,
+                                      default_folder, url_of)
 from rayfl.schema import ConfigError
 
 if TYPE_CHECKING:
@@ -120,12 +126,66 @@ def state(name: str, folder: str, key: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(folder: str):
-    """One fetch into ``folder`` at a time (a lock file beside it)."""
+def _locked(folder: str, key: str):
+    """One fetch into ``folder`` at a time: a lock file beside it, removed when the fetch ends. A
+    fetch that finds the lock held says, on one line, that it waits for the other."""
     parent, base = os.path.split(folder)
-    with open(os.path.join(parent, f".{base}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    path = os.path.join(parent, f".{base}.lock")
+    said = False
+    while True:
+        try:
+            lock = open(path, "a")
+        except OSError as e:
+            raise _disk_error(e, parent, key) or e from None
+        try:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not said:
+                    _waiting(folder, path)
+                    said = True
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if _same_file(lock, path):
+                break
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()  # its holder removed it meanwhile: lock the one there now
+    try:
         yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        lock.close()
+
+
+def _waiting(folder: str, lock: str) -> None:
+    print(f"rayfl: another process is fetching into {folder} (it holds {lock}); waiting for it "
+          "to finish", file=sys.stderr, flush=True)
+
+
+def _same_file(f, path: str) -> bool:
+    """Whether the open file ``f`` is still the one at ``path``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _disk_error(e: OSError, folder: str, key: str) -> Optional[FetchError]:
+    """A full disk or a folder rayfl may not write in, named as such; None for another error."""
+    elsewhere = f"or fetch elsewhere with {key} DIR"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FetchError(folder, f"no space left on the device ({errno.errorcode[e.errno]}: "
+                                  f"{e.strerror}); nothing was kept: free some space, "
+                                  f"{elsewhere}, and run the same command again")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return FetchError(folder, f"a folder rayfl may write in, and it may not "
+                                  f"({errno.errorcode[e.errno]}: {e.strerror}); nothing was "
+                                  f"kept: make it writable, {elsewhere}")
+    return None
 
 
 def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
@@ -136,7 +196,7 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
     ``key``: what a refusal of the folder names."""
     source = source_of(name)
     folder = folder_for(name, root)
-    url = url_of(source, mirror)
+    mirror = _mirror(mirror)
     found = state(name, folder, key)
     if found == "missing":
         try:
@@ -144,15 +204,10 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
         except OSError as e:
             raise ConfigError(key, folder, f"a folder that can be created ({e.strerror})") \
                 from None
-        with _locked(folder):
+        with _locked(folder, key):
             found = state(name, folder, key)  # another process may have fetched it meanwhile
             if found == "missing":
-                expected = _expected(source, url)
-                part = _part_path(folder, source)
-                _download(url, part, expected.size, quiet)
-                _verify(url, part, expected)
-                _install(name, source, url, part, folder, expected)
-                return f"{name}: fetched {url} into {folder} ({expected.algorithm} checked)"
+                return _fetch_into(name, source, folder, mirror, quiet, key)
     if found == "fetched":
         record = _record(folder)
         return (f"{name}: already in {folder} (fetched from {record.get('url')}, "
@@ -162,6 +217,62 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
                 f"checked); nothing to do")
     raise ConfigError(key, folder, f"a missing or empty folder to fetch {name} into (it holds "
                                    "other files, and not the ones the loader reads)")
+
+
+def _mirror(mirror: Optional[str]) -> Optional[str]:
+    """The mirror to fetch from (``mirror``, else ``$RAYFL_DATA_MIRROR``; None: the origins),
+    refused unless an http(s) URL."""
+    mirror = mirror or os.environ.get(MIRROR_ENV) or None
+    if mirror is not None:
+        try:
+            parsed = urllib.parse.urlsplit(mirror)
+            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+        except ValueError:
+            ok = False
+        if not ok or any(c.isspace() for c in mirror):
+            raise ConfigError(MIRROR_ENV, mirror, "the http:// or https:// URL of a mirror, "
+                                                  "serving each archive as URL/<file name>")
+    return mirror
+
+
+@dataclasses.dataclass(frozen=True)
+class Download:
+    """A checked download of one file of a source."""
+
+    file: File
+    url: str
+    part: str
+    expected: Expected
+    size: int
+
+
+def _fetch_into(name: str, source: Source, folder: str, mirror: Optional[str],
+                quiet: Optional[bool], key: str) -> str:
+    """Download, check and install every file of ``source`` into the missing ``folder``. A
+    refusal removes what was downloaded, except after a transfer that broke (kept, to continue
+    from on the next try)."""
+    who = "mirror" if mirror else "server"
+    downloads = []
+    try:
+        for file in source.files:
+            url = url_of(file, mirror)
+            part = _part_path(folder, file)
+            expected = _expected(file, url)
+            _download(url, part, expected.size, quiet, who, key)
+            _verify(url, part, expected)
+            downloads.append(Download(file, url, part, expected, os.path.getsize(part)))
+        _install(name, source, downloads, folder, key)
+    except (Resumable, KeyboardInterrupt):
+        raise
+    except BaseException:
+        for file in source.files:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(_part_path(folder, file))
+        raise
+    first = downloads[0]
+    what = first.url if len(downloads) == 1 else \
+        f"{len(downloads)} files from {posixpath.dirname(first.url)}/"
+    return f"{name}: fetched {what} into {folder} ({first.expected.algorithm} checked)"
 
 
 def ensure(cfg: "DataConfig") -> "DataConfig":
@@ -183,9 +294,13 @@ def ensure(cfg: "DataConfig") -> "DataConfig":
 
 # ----- the download ------------------------------------------------------------------------------
 
-def _part_path(folder: str, source: Source) -> str:
+class Resumable(FetchError):
+    """A transfer that broke, or a server that could not be reached: what arrived is kept."""
+
+
+def _part_path(folder: str, file: File) -> str:
     parent, base = os.path.split(folder)
-    return os.path.join(parent, f".{base}.{source.filename}.part")
+    return os.path.join(parent, f".{base}.{file.filename}.part")
 
 
 def _request(url: str, method: str = "GET", start: int = 0):
@@ -196,8 +311,8 @@ def _request(url: str, method: str = "GET", start: int = 0):
     headers = {"User-Agent": f"rayfl/{__version__}"}
     if start:
         headers["Range"] = f"bytes={start}-"
-    request = urllib.request.Request(url, headers=headers, method=method)
     try:
+        request = urllib.request.Request(url, headers=headers, method=method)
         return urllib.request.urlopen(request, timeout=TIMEOUT_S)
     except urllib.error.HTTPError as e:
         e.close()
@@ -206,15 +321,17 @@ def _request(url: str, method: str = "GET", start: int = 0):
         raise FetchError(url, f"could not download it (HTTP {e.code} {e.reason})") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         reason = getattr(e, "reason", None) or e
-        raise FetchError(url, f"could not download it ({reason}); check the network and proxy "
-                              f"(https_proxy), or set {MIRROR_ENV} to a mirror") from None
+        raise Resumable(url, f"could not download it ({reason}); check the network and proxy "
+                             f"(https_proxy), or set {MIRROR_ENV} to a mirror") from None
+    except ValueError as e:
+        raise FetchError(url, f"a URL that can be fetched ({e})") from None
 
 
-def _expected(source: Source, url: str) -> Expected:
+def _expected(file: File, url: str) -> Expected:
     """The published size and sha256, or (none published) the size and MD5 the server states
     (Google Cloud Storage's x-goog-hash header, asked with HEAD)."""
-    if source.sha256:
-        return Expected(source.size, "sha256", source.sha256)
+    if file.sha256:
+        return Expected(file.size, "sha256", file.sha256)
     with _request(url, "HEAD") as response:
         length = response.headers.get("Content-Length")
         hashes = ",".join(response.headers.get_all("x-goog-hash") or [])
@@ -222,14 +339,37 @@ def _expected(source: Source, url: str) -> Expected:
                 if h.strip().startswith("md5=")), None)
     if md5 is None:
         raise FetchError(url, f"expected the server to state an MD5 (x-goog-hash header) to "
-                              f"check {source.filename} against: none is published for it, and "
+                              f"check {file.filename} against: none is published for it, and "
                               "this server states none")
-    return Expected(int(length) if length else source.size, "md5", md5)
+    return Expected(int(length) if length and length.isdigit() else file.size, "md5", md5)
 
 
-def _download(url: str, part: str, size: Optional[int], quiet: Optional[bool]) -> None:
-    """``url`` into ``part``, continuing a partial one with a Range request; an interrupted
-    transfer keeps what arrived (a FetchError saying so)."""
+def _html(url: str, who: str) -> FetchError:
+    return FetchError(url, f"the {who} served an HTML page, not the archive (an error or sign-in "
+                           "page, most likely); check the URL" +
+                           (f" and {MIRROR_ENV}" if who == "mirror" else ""))
+
+
+def _looks_html(content_type: Optional[str], first: bytes) -> bool:
+    """Whether a response is an HTML page: by its Content-Type, or by its first bytes."""
+    if (content_type or "").split(";")[0].strip().lower() in ("text/html", "application/xhtml+xml"):
+        return True
+    return first.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html"))
+
+
+def _write(out, chunk: bytes) -> None:
+    """All of ``chunk`` into the unbuffered file ``out``."""
+    view = memoryview(chunk)
+    while view:
+        view = view[out.write(view):]
+
+
+def _download(url: str, part: str, size: Optional[int], quiet: Optional[bool], who: str,
+              key: str) -> None:
+    """``url`` into ``part``, continuing a partial one with a Range request. A transfer that
+    ends before the bytes the server announced keeps what arrived (a Resumable saying so); one
+    that completes is checked next. An HTML page, a full disk or a folder that may not be
+    written is a FetchError naming it."""
     from tqdm import tqdm
 
     have = os.path.getsize(part) if os.path.isfile(part) else 0
@@ -245,70 +385,102 @@ def _download(url: str, part: str, size: Optional[int], quiet: Optional[bool]) -
         if have and not (response.status == 206 and response.headers.get(
                 "Content-Range", "").startswith(f"bytes {have}-")):
             have = 0  # the server sends the whole file: start over
+        if _looks_html(response.headers.get("Content-Type"), b""):
+            raise _html(url, who)
         length = response.headers.get("Content-Length")
-        total = size if size is not None else (have + int(length) if length else None)
-        done = have
-        with open(part, "ab" if have else "wb") as out, \
-                tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
-                     desc=url.rsplit("/", 1)[-1],
-                     file=sys.stderr, disable=quiet) as bar:
+        end = have + int(length) if length and length.isdigit() else None
+        total = size if size is not None else end
+        try:
+            out = open(part, "ab" if have else "wb", buffering=0)
+        except OSError as e:
+            raise _disk_error(e, os.path.dirname(part), key) or e from None
+        with out, tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
+                       desc=url.rsplit("/", 1)[-1], file=sys.stderr, disable=quiet) as bar:
+            done = have
             try:
-                while chunk := response.read(CHUNK):
-                    out.write(chunk)
+                while True:
+                    try:
+                        chunk = response.read1(CHUNK)
+                    except (OSError, http.client.HTTPException) as e:
+                        raise _broken(url, part, total, f"{type(e).__name__}: {e}") from None
+                    if not chunk:
+                        break
+                    if done == 0 and _looks_html(None, chunk):
+                        raise _html(url, who)
+                    try:
+                        _write(out, chunk)
+                    except OSError as e:
+                        raise _disk_error(e, os.path.dirname(part), key) or e from None
                     done += len(chunk)
                     bar.update(len(chunk))
-            except (OSError, http.client.HTTPException) as e:
-                raise _broken(url, part, done, total, f"{type(e).__name__}: {e}") from None
             except KeyboardInterrupt:
-                print(f"rayfl: interrupted; the {done:,} bytes that arrived are kept in {part}: "
-                      "the same command continues from there", file=sys.stderr)
+                print(f"rayfl: interrupted; the {os.path.getsize(part):,} bytes that arrived are "
+                      f"kept in {part}: the same command continues from there", file=sys.stderr)
                 raise
-    if total is not None and done < total:
-        raise _broken(url, part, done, total, "the connection closed early")
+    if end is not None and done < end:
+        raise _broken(url, part, total, "the connection closed early")
 
 
-def _broken(url: str, part: str, done: int, total: Optional[int], why: str) -> FetchError:
+def _broken(url: str, part: str, total: Optional[int], why: str) -> Resumable:
     of = f" of {total:,}" if total is not None else ""
-    return FetchError(url, f"the transfer broke after {done:,}{of} bytes ({why}); they are kept "
-                           f"in {part}: run the same command again to continue")
+    return Resumable(url, f"the transfer broke after {os.path.getsize(part):,}{of} bytes "
+                          f"({why}); they are kept in {part}: run the same command again to "
+                          "continue")
 
 
 def _verify(url: str, part: str, expected: Expected) -> None:
-    """The download's size and checksum, or a FetchError (the download removed)."""
+    """The complete download's size and checksum, or a FetchError (the download removed)."""
     size = os.path.getsize(part)
     with open(part, "rb") as f:
         digest = hashlib.file_digest(f, expected.algorithm).hexdigest()
     if digest != expected.digest or (expected.size is not None and size != expected.size):
         os.remove(part)
         want = f" ({expected.size:,} bytes)" if expected.size is not None else ""
-        raise FetchError(url, f"expected {expected.algorithm} {expected.digest}{want}, got "
-                              f"{expected.algorithm} {digest} ({size:,} bytes): not the "
-                              "published file, so it was removed")
+        raise FetchError(url, f"the transfer completed, but not with the published file: "
+                              f"expected {expected.algorithm} {expected.digest}{want}, got "
+                              f"{expected.algorithm} {digest} ({size:,} bytes); it was removed")
 
 
-def _install(name: str, source: Source, url: str, part: str, folder: str,
-             expected: Expected) -> None:
-    """Unpack the checked download into a temporary folder beside ``folder``, then rename it
-    into place and remove the download. A download that cannot be unpacked stays (it matched
-    its checksum), and the temporary folder goes."""
+def _install(name: str, source: Source, downloads: list[Download], folder: str,
+             key: str) -> None:
+    """Unpack the checked downloads (or, for a source without an unpacker, move them) into a
+    temporary folder beside ``folder``, then rename it into place and remove the downloads. The
+    temporary folder goes in any case."""
     parent, base = os.path.split(folder)
-    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    except OSError as e:
+        raise _disk_error(e, parent, key) or e from None
+    first = downloads[0]
     try:
         try:
-            getattr(fetch_unpack, source.unpack)(part, tmp)
-        except (OSError, *UNPACK_ERRORS) as e:
-            raise FetchError(url, f"could not unpack {source.filename} ({type(e).__name__}: "
-                                  f"{e}); the checked download stays in {part}") from None
+            if source.unpack:
+                getattr(fetch_unpack, source.unpack)(first.part, tmp)
+            else:
+                for d in downloads:
+                    os.rename(d.part, os.path.join(tmp, d.file.filename))
+        except OSError as e:
+            problem = _disk_error(e, parent, key)
+            if problem:
+                raise problem from None
+            raise FetchError(first.url, f"could not unpack {first.file.filename} "
+                                        f"({type(e).__name__}: {e}); it was removed") from None
+        except UNPACK_ERRORS as e:
+            raise FetchError(first.url, f"could not unpack {first.file.filename} "
+                                        f"({type(e).__name__}: {e}); it was removed") from None
         missing = [p for p in source.probe if not os.path.exists(os.path.join(tmp, p))]
         if missing:
-            raise FetchError(url, f"expected {source.filename} to hold {', '.join(missing)}; "
-                                  f"the checked download stays in {part}")
-        record = {"dataset": name, "url": url, "file": source.filename,
-                  "bytes": os.path.getsize(part), "algorithm": expected.algorithm,
-                  "digest": expected.digest,
+            raise FetchError(first.url, f"expected {first.file.filename} to hold "
+                                        f"{', '.join(missing)}; it was removed")
+        record = {"dataset": name, **_entry(first),
                   "fetched": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        with open(os.path.join(tmp, RECORD), "w") as f:
-            json.dump(record, f, indent=1)
+        if len(downloads) > 1:
+            record["more"] = [_entry(d) for d in downloads[1:]]
+        try:
+            with open(os.path.join(tmp, RECORD), "w") as f:
+                json.dump(record, f, indent=1)
+        except OSError as e:
+            raise _disk_error(e, parent, key) or e from None
         try:
             os.rename(tmp, folder)  # onto an absent or empty folder: atomic
         except OSError as e:
@@ -316,7 +488,15 @@ def _install(name: str, source: Source, url: str, part: str, folder: str,
                                      f"into ({e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    os.remove(part)
+    for d in downloads:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(d.part)
+
+
+def _entry(d: Download) -> dict:
+    """What the record says of one download."""
+    return {"url": d.url, "file": d.file.filename, "bytes": d.size,
+            "algorithm": d.expected.algorithm, "digest": d.expected.digest}
 
 
 # ----- the command ------------------------------------------------------------------------------

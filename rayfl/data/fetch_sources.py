@@ -1,7 +1,7 @@
 """Where ``rayfl data fetch`` downloads each built-in dataset from, how the download is checked,
 and what it unpacks into the folder the dataset's loader reads (``data.root``).
 
-Every archive is checked before anything is unpacked: against the sha256 its publishers (or a
+Every download is checked before anything is unpacked: against the sha256 its publishers (or a
 project that distributes it) list, or, for StackOverflow, whose SQLite export has no published
 checksum, against the MD5 that its storage (Google Cloud Storage) states for the object in the
 ``x-goog-hash`` header. ``RAYFL_DATA_MIRROR`` (see :func:`url_of`) fetches every archive from
@@ -21,20 +21,34 @@ TFF = "https://storage.googleapis.com/tff-datasets-public"
 
 
 @dataclass(frozen=True)
-class Source:
-    """One dataset's archive, its checks, and what it becomes on disk."""
+class File:
+    """One file to download and its checks."""
 
     url: str
     size: Optional[int]  # bytes as published; None: the size the server states
     sha256: Optional[str]  # None: the MD5 the server states in x-goog-hash
-    checksum_from: str  # who publishes the checksum
-    unpack: str  # the function of rayfl.data.fetch_unpack that lays the files out
-    probe: tuple[str, ...]  # files the loader reads (relative to data.root)
 
     @property
     def filename(self) -> str:
-        """The archive's file name (the last part of its URL)."""
+        """The file's name (the last part of its URL)."""
         return posixpath.basename(urllib.parse.urlparse(self.url).path)
+
+
+@dataclass(frozen=True)
+class Source(File):
+    """One dataset's download (its archive, or its first file), its checks, and what it becomes
+    on disk."""
+
+    checksum_from: str = ""  # who publishes the checksum
+    unpack: Optional[str] = None  # the function of rayfl.data.fetch_unpack that lays the files
+    # out; None: the downloads are the loader's files, kept under their names
+    probe: tuple[str, ...] = ()  # files the loader reads (relative to data.root)
+    more: tuple[File, ...] = ()  # further files of the dataset, downloaded beside the first
+
+    @property
+    def files(self) -> tuple[File, ...]:
+        """Every file to download, the first one first."""
+        return (File(self.url, self.size, self.sha256), *self.more)
 
 
 SOURCES: dict[str, Source] = {
@@ -113,7 +127,7 @@ def default_folder(name: str) -> str:
     return os.path.join(data_home(), name)
 
 
-def url_of(source: Source, mirror: Optional[str] = None) -> str:
+def url_of(source: File, mirror: Optional[str] = None) -> str:
     """The URL to fetch: ``<mirror>/<file name>`` with a mirror (the argument, else
     ``$RAYFL_DATA_MIRROR``), else the origin."""
     mirror = mirror or os.environ.get(MIRROR_ENV)
