@@ -64,6 +64,16 @@ class Files:
         self.monkeypatch.setitem(fetch_sources.SOURCES, name, dataclasses.replace(
             source, size=len(publish), sha256=hashlib.sha256(publish).hexdigest()))
 
+    def serve_all(self, name: str, files: dict[str, bytes]) -> None:
+        """Serve each file of dataset ``name`` (file name -> bytes) and patch its source to their
+        sizes and sha256."""
+        source = fetch_sources.SOURCES[name]
+        first, *more = [dataclasses.replace(f, size=len(files[f.filename]), sha256=hashlib.sha256(
+            files[f.filename]).hexdigest()) for f in source.files]
+        self.files.update(files)
+        self.monkeypatch.setitem(fetch_sources.SOURCES, name, dataclasses.replace(
+            source, size=first.size, sha256=first.sha256, more=tuple(more)))
+
     def gets(self, name: str) -> list:
         return [r for r in self.requests if r[0] == "GET" and r[1] == name]
 
@@ -286,6 +296,85 @@ def test_femnist_is_tffs_federated_emnist_as_leaf_json(server, tmp_path, monkeyp
     assert a.groups.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2]
     assert a.y_test.tolist() == [lab for w in order for _, lab in writers[w]["all_test"]]
     assert not os.path.exists(os.path.join(root, ".emnist_all.sqlite"))
+
+
+def fmnist_files(tmp_path) -> tuple[dict[str, bytes], dict[str, np.ndarray]]:
+    """Fashion-MNIST's four gzipped IDX files, small: (file name -> bytes, stem -> array)."""
+    rng = np.random.default_rng(5)
+    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, size=(6, 28, 28)),
+              "train-labels-idx1-ubyte": rng.integers(0, 10, size=6),
+              "t10k-images-idx3-ubyte": rng.integers(0, 256, size=(3, 28, 28)),
+              "t10k-labels-idx1-ubyte": rng.integers(0, 10, size=3)}
+    files = {}
+    for stem, array in arrays.items():
+        write_idx(tmp_path / f"{stem}.gz", array)
+        files[f"{stem}.gz"] = (tmp_path / f"{stem}.gz").read_bytes()
+    return files, arrays
+
+
+def test_fmnist_is_fetched_as_its_four_files_and_read_without_data_root(server, tmp_path, capsys,
+                                                                        monkeypatch):
+    files, arrays = fmnist_files(tmp_path)
+    server.serve_all("fmnist", files)
+    debian = tmp_path / "debian"  # the Debian package's folder: not installed
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=str(debian)))
+    assert fetch("fmnist", "--quiet") == 0
+    root = home(tmp_path, "fmnist")
+    assert capsys.readouterr().out == f"fmnist: fetched 4 files from {server.url}/ into {root} " \
+                                      "(sha256 checked)\n"
+    assert sorted(os.listdir(root)) == sorted([RECORD, *files])
+    assert os.listdir(home(tmp_path)) == ["fmnist"]
+    for name, data in files.items():  # kept as they are
+        assert (tmp_path / "home" / ".cache" / "rayfl-data" / "fmnist" / name).read_bytes() == data
+    with open(os.path.join(root, RECORD)) as f:
+        record = json.load(f)
+    assert [e["file"] for e in record["more"]] == list(files)[1:]
+    a = datasets.load(data_cfg(dataset="fmnist"), 0)  # no data.root: the fetched files
+    np.testing.assert_array_equal(a.x_train, arrays["train-images-idx3-ubyte"].reshape(6, -1))
+    assert a.y_train.tolist() == arrays["train-labels-idx1-ubyte"].tolist()
+    assert a.y_test.tolist() == arrays["t10k-labels-idx1-ubyte"].tolist()
+    # with the Debian package's files there, they are read, and neither command fetches
+    debian.mkdir()
+    for name, data in files.items():
+        (debian / name).write_bytes(data)
+    labels = arrays["t10k-labels-idx1-ubyte"][::-1]  # told apart from the fetched ones
+    write_idx(debian / "t10k-labels-idx1-ubyte.gz", labels)
+    server.requests.clear()
+    assert fetch("fmnist") == 0
+    assert f"{debian} already holds its files" in capsys.readouterr().out
+    a = datasets.load(data_cfg(dataset="fmnist"), 0)
+    assert a.y_test.tolist() == labels.tolist()
+    from rayfl.data import fetch as fetching
+
+    cfg = data_cfg(dataset="fmnist", fetch=True)
+    assert fetching.ensure(cfg) is cfg and server.requests == []
+
+
+def test_fmnist_resumes_the_file_that_broke_and_keeps_the_whole_ones(server, tmp_path, capsys,
+                                                                     monkeypatch):
+    files, arrays = fmnist_files(tmp_path)
+    server.serve_all("fmnist", files)
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=None))
+    server.cut["t10k-images-idx3-ubyte.gz"] = 100
+    assert fetch("fmnist", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t10k-images-idx3-ubyte.gz" in err and "after 100 of" in err
+    assert sorted(os.listdir(home(tmp_path))) == sorted(
+        f".fmnist.{name}.part" for name in list(files)[:3])
+    assert fetch("fmnist", "--quiet") == 0
+    assert [len(server.gets(name)) for name in files] == [1, 1, 2, 1]  # the whole ones: kept
+    assert server.gets("t10k-images-idx3-ubyte.gz")[-1][2] == "bytes=100-"
+    a = datasets.load(data_cfg(dataset="fmnist", root=home(tmp_path, "fmnist")), 0)
+    np.testing.assert_array_equal(a.x_test, arrays["t10k-images-idx3-ubyte"].reshape(3, -1))
+    # a refusal of one file removes the others too
+    server.serve_all("fmnist", {**files, "t10k-labels-idx1-ubyte.gz": b"wrong"})
+    server.files["t10k-labels-idx1-ubyte.gz"] = files["t10k-labels-idx1-ubyte.gz"]
+    assert fetch("fmnist", "--quiet", "--root", str(tmp_path / "again")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t10k-labels-idx1-ubyte.gz" in err and "removed" in err
+    assert not [n for n in os.listdir(tmp_path) if "again" in n]  # no .part, no .lock
 
 
 def test_sent140_is_leafs_json_with_leafs_by_sample_split(server, tmp_path):
@@ -599,7 +688,9 @@ def test_list_and_usage_errors(server, capsys):
     assert [line.split()[0] for line in lines] == list(fetch_sources.SOURCES)
     assert all(s.url in line for s, line in zip(fetch_sources.SOURCES.values(), lines))
     assert "163 MiB" in lines[0]  # 170,498,071 bytes
-    for args, words in ((["fmnist"], "dataset-fashion-mnist"), (["mnist"], "not a built-in"),
+    assert "fmnist" in lines[4] and "and 3 more files beside it" in lines[4]
+    assert " 29 MiB " in lines[4]  # 26,421,880 + 29,515 + 4,422,102 + 5,148 bytes
+    for args, words in ((["fashion_mnist"], "fmnist"), (["mnist"], "not a built-in"),
                         ([], "--list"), (["--list", "cifar10"], "--list")):
         assert fetch(*args) == 2
         err = capsys.readouterr().err
@@ -647,7 +738,7 @@ def test_data_fetch_fetches_the_dataset_before_the_run(server, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("dataset,reason", [
-    ("synthetic", "generated"), ("digits", "scikit-learn"), ("fmnist", "dataset-fashion-mnist"),
+    ("synthetic", "generated"), ("digits", "scikit-learn"),
     ("leaf_shakespeare", "LEAF's own scripts"), ("examples.my_data:Rings", "not a built-in")])
 def test_data_fetch_refuses_a_dataset_it_cannot_fetch(server, tmp_path, capsys, dataset, reason):
     args = [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}",
@@ -658,20 +749,25 @@ def test_data_fetch_refuses_a_dataset_it_cannot_fetch(server, tmp_path, capsys, 
     assert not os.path.exists(tmp_path / "runs") and server.requests == []
 
 
-def test_the_docs_fetch_commands_run_as_written(server, tmp_path, capsys):
+def test_the_docs_fetch_commands_run_as_written(server, tmp_path, capsys, monkeypatch):
     archive, _ = cifar10_archive(tmp_path)
     server.serve("cifar10", archive)
     write_emnist_sqlite(tmp_path / "e.sqlite", {"f1": {"all_train": [(np.zeros((28, 28)), 1)],
                                                        "all_test": [(np.ones((28, 28)), 2)]}})
     server.serve("femnist", lzma_alone((tmp_path / "e.sqlite").read_bytes()))
+    server.serve_all("fmnist", fmnist_files(tmp_path)[0])
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=None))  # the Debian package: not installed
     with open(os.path.join(ROOT, "docs", "howto", "data.md")) as f:
         section = f.read().split("## Fetching a dataset", 1)[1]
-    commands = [shlex.split(line) for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+    commands = [shlex.split(line, comments=True)
+                for block in re.findall(r"```sh\n(.*?)```", section, re.S)
                 for line in block.splitlines() if line.startswith("rayfl data fetch")]
-    assert len(commands) >= 3
+    assert len(commands) >= 4
     for words in commands:
         words = [os.path.expanduser(w) for w in words]  # as the shell expands ~
         assert cli.main(words[1:]) == 0, words
+    assert os.path.isfile(os.path.join(home(tmp_path, "fmnist"), RECORD))
     assert "## `rayfl data fetch`" in generated_cli()
 
 

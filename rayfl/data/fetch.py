@@ -197,6 +197,9 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
     source = source_of(name)
     folder = folder_for(name, root)
     mirror = _mirror(mirror)
+    if root is None and installed(source):
+        return (f"{name}: {source.system} already holds its files (a system package's, read by "
+                "default; not fetched by rayfl, so not checked); nothing to do")
     found = state(name, folder, key)
     if found == "missing":
         try:
@@ -219,6 +222,12 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
                                    "other files, and not the ones the loader reads)")
 
 
+def installed(source: Source) -> bool:
+    """Whether a system package installed the source's files (read when data.root is unset)."""
+    return bool(source.system) and all(os.path.isfile(os.path.join(source.system, p))
+                                       for p in source.probe)
+
+
 def _mirror(mirror: Optional[str]) -> Optional[str]:
     """The mirror to fetch from (``mirror``, else ``$RAYFL_DATA_MIRROR``; None: the origins),
     refused unless an http(s) URL."""
@@ -231,7 +240,7 @@ def _mirror(mirror: Optional[str]) -> Optional[str]:
             ok = False
         if not ok or any(c.isspace() for c in mirror):
             raise ConfigError(MIRROR_ENV, mirror, "the http:// or https:// URL of a mirror, "
-                                                  "serving each archive as URL/<file name>")
+                                                  "serving each file as URL/<file name>")
     return mirror
 
 
@@ -278,13 +287,17 @@ def _fetch_into(name: str, source: Source, folder: str, mirror: Optional[str],
 def ensure(cfg: "DataConfig") -> "DataConfig":
     """The data config to load: with ``data.fetch``, its dataset fetched first when its folder
     (``data.root``, else the default folder, which becomes ``data.root``) is missing or empty;
-    a dataset rayfl cannot fetch is refused with the reason. Without it, ``cfg`` as is."""
+    a dataset rayfl cannot fetch is refused with the reason; one a system package installed
+    (Fashion-MNIST's Debian package) is left to it when data.root is unset. Without data.fetch,
+    ``cfg`` as is."""
     if not getattr(cfg, "fetch", False):
         return cfg
     if cfg.dataset not in SOURCES:
         raise ConfigError("data.fetch", True, f"a dataset rayfl can fetch ({', '.join(SOURCES)})"
                           f", not data.dataset = {cfg.dataset!r}: "
                           f"{not_fetched_reason(cfg.dataset)}; or data.fetch: false")
+    if not cfg.root and installed(SOURCES[cfg.dataset]):
+        return cfg  # the system package's files, which the loader reads by default
     folder = folder_for(cfg.dataset, cfg.root)
     if state(cfg.dataset, folder, "data.root") == "missing":
         print(fetch(cfg.dataset, folder, quiet=None, key="data.root"), file=sys.stderr,
@@ -504,13 +517,16 @@ def _entry(d: Download) -> dict:
 def listing() -> list[str]:
     """One line per fetchable dataset: name, size, URL and who publishes its checksum."""
     def size(s: Source) -> str:
-        if s.size is None:
+        if any(f.size is None for f in s.files):
             return "unpublished"
-        mib = s.size / 2**20
+        mib = sum(f.size for f in s.files) / 2**20
         return f"{mib:,.1f} MiB" if mib < 10 else f"{mib:,.0f} MiB"
 
     width = max(map(len, SOURCES))
-    return [f"{name:{width}}  {size(s):>11}  {s.url}  (checksum: {s.checksum_from})"
+    def where(s: Source) -> str:
+        return s.url + (f" and {len(s.more)} more files beside it" if s.more else "")
+
+    return [f"{name:{width}}  {size(s):>11}  {where(s)}  (checksum: {s.checksum_from})"
             for name, s in SOURCES.items()]
 
 
@@ -522,9 +538,11 @@ def parser() -> argparse.ArgumentParser:
         prog="rayfl data fetch",
         description="Download a built-in dataset from its canonical URL, check its size and "
                     "checksum, and unpack it into the folder its loader reads: set data.root to "
-                    "that folder (or use data.fetch: true). An interrupted download continues "
-                    "where it stopped; a dataset already there is left as is.",
-        epilog=f"{MIRROR_ENV}=URL fetches every archive from URL/<file name> (a mirror), with "
+                    "that folder (or use data.fetch: true). fmnist (Fashion-MNIST, no root "
+                    "needed) is read from its default folder without data.root, unless its "
+                    "Debian package is installed. An interrupted download continues where it "
+                    "stopped; a dataset already there is left as is.",
+        epilog=f"{MIRROR_ENV}=URL fetches every file from URL/<file name> (a mirror), with "
                "the same checks; https_proxy and http_proxy are honoured.")
     p.add_argument("name", nargs="?", metavar="NAME", help=f"the dataset: {', '.join(SOURCES)}")
     p.add_argument("--root", metavar="DIR", help="the folder to fetch into, missing or empty "
