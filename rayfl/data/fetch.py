@@ -202,15 +202,24 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
                 "default; not fetched by rayfl, so not checked); nothing to do")
     found = state(name, folder, key)
     if found == "missing":
+        made = _absent_folders(os.path.dirname(folder))
         try:
             os.makedirs(os.path.dirname(folder), exist_ok=True)
         except OSError as e:
             raise ConfigError(key, folder, f"a folder that can be created ({e.strerror})") \
                 from None
-        with _locked(folder, key):
-            found = state(name, folder, key)  # another process may have fetched it meanwhile
-            if found == "missing":
-                return _fetch_into(name, source, folder, mirror, quiet, key)
+        try:
+            with _locked(folder, key):
+                found = state(name, folder, key)  # another process may have fetched it meanwhile
+                if found == "missing":
+                    return _fetch_into(name, source, folder, mirror, quiet, key)
+        except BaseException:
+            for path in made:  # the folders made for it, while empty (no part kept there)
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+            raise
     if found == "fetched":
         record = _record(folder)
         return (f"{name}: already in {folder} (fetched from {record.get('url')}, "
@@ -226,6 +235,15 @@ def installed(source: Source) -> bool:
     """Whether a system package installed the source's files (read when data.root is unset)."""
     return bool(source.system) and all(os.path.isfile(os.path.join(source.system, p))
                                        for p in source.probe)
+
+
+def _absent_folders(path: str) -> list[str]:
+    """The folders that ``os.makedirs(path)`` would create, deepest first."""
+    absent = []
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        absent.append(path)
+        path = os.path.dirname(path)
+    return absent
 
 
 def _mirror(mirror: Optional[str]) -> Optional[str]:
