@@ -557,7 +557,7 @@ def test_an_html_page_served_for_the_archive_is_named(server, tmp_path, capsys, 
                                         (errno.EACCES, "(EACCES: Permission denied)")])
 def test_a_full_disk_or_read_only_folder_is_named_and_nothing_is_left(server, tmp_path, capsys,
                                                                       monkeypatch, code, words):
-    from rayfl.data import fetch as fetching
+    from rayfl.data import fetch_download
 
     archive, _ = cifar10_archive(tmp_path)
     server.serve("cifar10", archive)
@@ -565,7 +565,7 @@ def test_a_full_disk_or_read_only_folder_is_named_and_nothing_is_left(server, tm
     def refuse(out, chunk):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(fetching, "_write", refuse)
+    monkeypatch.setattr(fetch_download, "_write", refuse)
     assert fetch("cifar10", "--quiet") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and words in err and "--root" in err
