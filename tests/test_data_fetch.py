@@ -1,9 +1,11 @@
 """``rayfl data fetch`` and ``data.fetch`` against a local HTTP server (127.0.0.1, with Range
-requests) serving small archives the tests make in each dataset's real format, with the sources'
-sizes and checksums patched to those archives: each dataset fetched and read by its loader, a
-corrupted download, no server, a 404, a transfer cut and resumed, a dataset already there, a
-run that fetches its dataset first, and the datasets that cannot be fetched. Nothing reaches the
-internet."""
+requests) serving small archives (and Fashion-MNIST's four IDX files) the tests make in each
+dataset's real format, with the sources' sizes and checksums patched to those files: each
+dataset fetched and read by its loader, a corrupted download, no server, a 404, a transfer cut
+and resumed, a short file or an HTML page sent whole, a full disk and a read-only folder
+(simulated), the bytes said to be kept, a second fetch waiting for the first, a mirror that is
+not a URL, a dataset already there, a run that fetches its dataset first, and the datasets that
+cannot be fetched. Nothing reaches the internet."""
 
 from __future__ import annotations
 
