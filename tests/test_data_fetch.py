@@ -612,8 +612,9 @@ def test_the_bytes_said_to_be_kept_are_the_bytes_in_the_part(server, tmp_path, c
     def read_then_stop(response, n=-1):  # one read arrives, then the connection stalls
         if sizes:
             raise stop
-        sizes.append(len(read1(response, n)))
-        return archive[:sizes[0]]
+        data = read1(response, 1000)  # less than the whole archive
+        sizes.append(len(data))
+        return data
 
     monkeypatch.setattr(http.client.HTTPResponse, "read1", read_then_stop)
     assert fetch("cifar10", "--quiet") == (130 if isinstance(stop, KeyboardInterrupt) else 2)
