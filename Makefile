@@ -1,10 +1,13 @@
 # Set-up is automatic: every target creates and reuses .venv (the tested set of constraints.txt)
-# and installs Fashion-MNIST and the Shakespeare plays if needed.
+# and installs Fashion-MNIST and the Shakespeare plays if needed. PYTHON is the interpreter .venv
+# is made with (`make test PYTHON=python3.12`, or PYTHON=/path/to/python); an existing .venv is
+# reused as it is, so `make clean` first to change it.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 FMNIST_DIR := /usr/share/datasets/fashion-mnist
+FMNIST_FETCHED := $(HOME)/.cache/rayfl-data/fmnist
 SHAKESPEARE_DIR := $(HOME)/.cache/rayfl-data/shakespeare
 
 .PHONY: demo test bench docs tutorial fmnist shakespeare venv clean
@@ -17,14 +20,19 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test]' --config-settings editable_mode=compat
 	@touch $(STAMP)
 
-fmnist:
-	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; \
+# Fashion-MNIST: as root with apt-get, the Debian package dataset-fashion-mnist (FMNIST_DIR);
+# otherwise (or when that fails) the same files from Zalando's URLs, checked, into FMNIST_FETCHED
+# (`rayfl data fetch fmnist`). The loader reads either without data.root.
+fmnist: $(STAMP)
+	@if [ ! -f $(FMNIST_DIR)/train-images-idx3-ubyte.gz ] && \
+	    [ ! -f $(FMNIST_FETCHED)/.rayfl-fetch.json ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	      echo "installing Fashion-MNIST (Debian package dataset-fashion-mnist)" && \
+	      apt-get update -qq && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist; then \
+	    :; \
 	  else \
-	    echo "Fashion-MNIST is missing: run 'sudo apt-get install dataset-fashion-mnist' (or set data.root)"; \
-	    exit 1; \
+	    $(BIN)/rayfl data fetch fmnist; \
 	  fi; \
 	fi
 

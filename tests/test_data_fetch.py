@@ -1,16 +1,21 @@
 """``rayfl data fetch`` and ``data.fetch`` against a local HTTP server (127.0.0.1, with Range
-requests) serving small archives the tests make in each dataset's real format, with the sources'
-sizes and checksums patched to those archives: each dataset fetched and read by its loader, a
-corrupted download, no server, a 404, a transfer cut and resumed, a dataset already there, a
-run that fetches its dataset first, and the datasets that cannot be fetched. Nothing reaches the
-internet."""
+requests) serving small archives (and Fashion-MNIST's four IDX files) the tests make in each
+dataset's real format, with the sources' sizes and checksums patched to those files: each
+dataset fetched and read by its loader, a corrupted download, no server, a 404, a transfer cut
+and resumed, a short file or an HTML page sent whole, a full disk and a read-only folder
+(simulated), the bytes said to be kept, a second fetch waiting for the first, a mirror that is
+not a URL, a dataset already there, a run that fetches its dataset first, and the datasets that
+cannot be fetched. Nothing reaches the internet."""
 
 from __future__ import annotations
 
 import base64
 import csv
 import dataclasses
+import errno
+import fcntl
 import hashlib
+import http.client
 import io
 import json
 import lzma
@@ -60,6 +65,16 @@ class Files:
         publish = data if publish is None else publish
         self.monkeypatch.setitem(fetch_sources.SOURCES, name, dataclasses.replace(
             source, size=len(publish), sha256=hashlib.sha256(publish).hexdigest()))
+
+    def serve_all(self, name: str, files: dict[str, bytes]) -> None:
+        """Serve each file of dataset ``name`` (file name -> bytes) and patch its source to their
+        sizes and sha256."""
+        source = fetch_sources.SOURCES[name]
+        first, *more = [dataclasses.replace(f, size=len(files[f.filename]), sha256=hashlib.sha256(
+            files[f.filename]).hexdigest()) for f in source.files]
+        self.files.update(files)
+        self.monkeypatch.setitem(fetch_sources.SOURCES, name, dataclasses.replace(
+            source, size=first.size, sha256=first.sha256, more=tuple(more)))
 
     def gets(self, name: str) -> list:
         return [r for r in self.requests if r[0] == "GET" and r[1] == name]
@@ -220,7 +235,7 @@ def test_cifar10_is_fetched_and_read_by_its_loader(server, tmp_path, capsys):
         record = json.load(f)
     assert record["digest"] == hashlib.sha256(archive).hexdigest()
     assert record["url"] == f"{server.url}/cifar-10-python.tar.gz"
-    assert sorted(os.listdir(home(tmp_path))) == [".cifar10.lock", "cifar10"]  # no .part left
+    assert os.listdir(home(tmp_path)) == ["cifar10"]  # no .part, no .lock left
 
 
 def test_cifar100_is_fetched_with_its_fine_labels(server, tmp_path, capsys):
@@ -283,6 +298,85 @@ def test_femnist_is_tffs_federated_emnist_as_leaf_json(server, tmp_path, monkeyp
     assert a.groups.tolist() == [0, 0, 1, 1, 1, 1, 2, 2, 2]
     assert a.y_test.tolist() == [lab for w in order for _, lab in writers[w]["all_test"]]
     assert not os.path.exists(os.path.join(root, ".emnist_all.sqlite"))
+
+
+def fmnist_files(tmp_path) -> tuple[dict[str, bytes], dict[str, np.ndarray]]:
+    """Fashion-MNIST's four gzipped IDX files, small: (file name -> bytes, stem -> array)."""
+    rng = np.random.default_rng(5)
+    arrays = {"train-images-idx3-ubyte": rng.integers(0, 256, size=(6, 28, 28)),
+              "train-labels-idx1-ubyte": rng.integers(0, 10, size=6),
+              "t10k-images-idx3-ubyte": rng.integers(0, 256, size=(3, 28, 28)),
+              "t10k-labels-idx1-ubyte": rng.integers(0, 10, size=3)}
+    files = {}
+    for stem, array in arrays.items():
+        write_idx(tmp_path / f"{stem}.gz", array)
+        files[f"{stem}.gz"] = (tmp_path / f"{stem}.gz").read_bytes()
+    return files, arrays
+
+
+def test_fmnist_is_fetched_as_its_four_files_and_read_without_data_root(server, tmp_path, capsys,
+                                                                        monkeypatch):
+    files, arrays = fmnist_files(tmp_path)
+    server.serve_all("fmnist", files)
+    debian = tmp_path / "debian"  # the Debian package's folder: not installed
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=str(debian)))
+    assert fetch("fmnist", "--quiet") == 0
+    root = home(tmp_path, "fmnist")
+    assert capsys.readouterr().out == f"fmnist: fetched 4 files from {server.url}/ into {root} " \
+                                      "(sha256 checked)\n"
+    assert sorted(os.listdir(root)) == sorted([RECORD, *files])
+    assert os.listdir(home(tmp_path)) == ["fmnist"]
+    for name, data in files.items():  # kept as they are
+        assert (tmp_path / "home" / ".cache" / "rayfl-data" / "fmnist" / name).read_bytes() == data
+    with open(os.path.join(root, RECORD)) as f:
+        record = json.load(f)
+    assert [e["file"] for e in record["more"]] == list(files)[1:]
+    a = datasets.load(data_cfg(dataset="fmnist"), 0)  # no data.root: the fetched files
+    np.testing.assert_array_equal(a.x_train, arrays["train-images-idx3-ubyte"].reshape(6, -1))
+    assert a.y_train.tolist() == arrays["train-labels-idx1-ubyte"].tolist()
+    assert a.y_test.tolist() == arrays["t10k-labels-idx1-ubyte"].tolist()
+    # with the Debian package's files there, they are read, and neither command fetches
+    debian.mkdir()
+    for name, data in files.items():
+        (debian / name).write_bytes(data)
+    labels = arrays["t10k-labels-idx1-ubyte"][::-1]  # told apart from the fetched ones
+    write_idx(debian / "t10k-labels-idx1-ubyte.gz", labels)
+    server.requests.clear()
+    assert fetch("fmnist") == 0
+    assert f"{debian} already holds its files" in capsys.readouterr().out
+    a = datasets.load(data_cfg(dataset="fmnist"), 0)
+    assert a.y_test.tolist() == labels.tolist()
+    from rayfl.data import fetch as fetching
+
+    cfg = data_cfg(dataset="fmnist", fetch=True)
+    assert fetching.ensure(cfg) is cfg and server.requests == []
+
+
+def test_fmnist_resumes_the_file_that_broke_and_keeps_the_whole_ones(server, tmp_path, capsys,
+                                                                     monkeypatch):
+    files, arrays = fmnist_files(tmp_path)
+    server.serve_all("fmnist", files)
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=None))
+    server.cut["t10k-images-idx3-ubyte.gz"] = 100
+    assert fetch("fmnist", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t10k-images-idx3-ubyte.gz" in err and "after 100 of" in err
+    assert sorted(os.listdir(home(tmp_path))) == sorted(
+        f".fmnist.{name}.part" for name in list(files)[:3])
+    assert fetch("fmnist", "--quiet") == 0
+    assert [len(server.gets(name)) for name in files] == [1, 1, 2, 1]  # the whole ones: kept
+    assert server.gets("t10k-images-idx3-ubyte.gz")[-1][2] == "bytes=100-"
+    a = datasets.load(data_cfg(dataset="fmnist", root=home(tmp_path, "fmnist")), 0)
+    np.testing.assert_array_equal(a.x_test, arrays["t10k-images-idx3-ubyte"].reshape(3, -1))
+    # a refusal of one file removes the others too
+    server.serve_all("fmnist", {**files, "t10k-labels-idx1-ubyte.gz": b"wrong"})
+    server.files["t10k-labels-idx1-ubyte.gz"] = files["t10k-labels-idx1-ubyte.gz"]
+    assert fetch("fmnist", "--quiet", "--root", str(tmp_path / "again")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "t10k-labels-idx1-ubyte.gz" in err and "removed" in err
+    assert not [n for n in os.listdir(tmp_path) if "again" in n]  # no .part, no .lock
 
 
 def test_sent140_is_leafs_json_with_leafs_by_sample_split(server, tmp_path):
@@ -389,7 +483,8 @@ def test_a_corrupted_download_is_refused_and_removed(server, tmp_path, capsys):
     assert out == "" and err.count("\n") == 1 and err.startswith("rayfl: error: ")
     assert f"{server.url}/cifar-10-python.tar.gz" in err and f"sha256 {want}" in err
     assert hashlib.sha256(corrupt).hexdigest() in err
-    assert os.listdir(home(tmp_path)) == [".cifar10.lock"]  # no folder, no .part, no temp
+    assert "the transfer completed" in err and "removed" in err
+    assert not os.path.exists(tmp_path / "home")  # no folder, .part, temp, .lock or parent
 
 
 def test_an_archive_without_the_loaders_files_is_not_moved_into_place(server, tmp_path, capsys):
@@ -397,8 +492,7 @@ def test_an_archive_without_the_loaders_files_is_not_moved_into_place(server, tm
     assert fetch("cifar10", "--quiet") == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cifar-10-batches-py/test_batch" in err
-    assert sorted(os.listdir(home(tmp_path))) == [  # no folder, no temporary one
-        ".cifar10.cifar-10-python.tar.gz.part", ".cifar10.lock"]  # it matched its checksum
+    assert not os.path.exists(tmp_path / "home")  # no folder, no temporary one, no .part
 
 
 @pytest.mark.parametrize("how", ["no server", "HTTP 404"])
@@ -413,7 +507,7 @@ def test_no_server_or_a_missing_file_is_one_line(server, tmp_path, capsys, monke
     assert out == "" and err.count("\n") == 1 and "shakespeare.sqlite.lzma" in err
     assert ("could not download it" in err) and (how != "HTTP 404" or "HTTP 404" in err)
     assert not os.path.exists(home(tmp_path, "tff_shakespeare"))
-    assert [n for n in os.listdir(home(tmp_path)) if not n.endswith(".lock")] == []
+    assert not os.path.exists(tmp_path / "home")
 
 
 def test_a_cut_transfer_resumes_with_a_range_request(server, tmp_path, capsys):
@@ -432,6 +526,144 @@ def test_a_cut_transfer_resumes_with_a_range_request(server, tmp_path, capsys):
     assert not os.path.exists(part)
     a = datasets.load(data_cfg(dataset="cifar10", root=home(tmp_path, "cifar10")), 0)
     np.testing.assert_array_equal(a.x_test, batches["test_batch"][0])
+
+
+def test_a_short_file_sent_whole_is_removed_not_resumed(server, tmp_path, capsys):
+    archive, _ = cifar10_archive(tmp_path)
+    short = archive[:len(archive) // 3]
+    server.serve("cifar10", short, publish=archive)  # complete, as the server announces it
+    for _ in range(2):  # the same refusal every time: nothing kept, nothing appended
+        assert fetch("cifar10", "--quiet") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "the transfer completed" in err
+        assert f"({len(short):,} bytes); it was removed" in err and "again" not in err
+        assert not os.path.exists(tmp_path / "home")
+    assert [r[2] for r in server.gets("cifar-10-python.tar.gz")] == [None, None]  # no Range
+
+
+@pytest.mark.parametrize("content_type", ["text/html; charset=utf-8", None])
+def test_an_html_page_served_for_the_archive_is_named(server, tmp_path, capsys, content_type):
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", b"\n<!DOCTYPE html><html><body>Not here</body></html>",
+                 publish=archive)
+    if content_type:
+        server.headers["cifar-10-python.tar.gz"] = {"Content-Type": content_type}
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the mirror served an HTML page, not the archive" in err
+    assert "RAYFL_DATA_MIRROR" in err and not os.path.exists(tmp_path / "home")
+
+
+@pytest.mark.parametrize("code,words", [(errno.ENOSPC, "no space left on the device (ENOSPC"),
+                                        (errno.EROFS, "(EROFS: Read-only file system)"),
+                                        (errno.EACCES, "(EACCES: Permission denied)")])
+def test_a_full_disk_or_read_only_folder_is_named_and_nothing_is_left(server, tmp_path, capsys,
+                                                                      monkeypatch, code, words):
+    from rayfl.data import fetch_download
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+
+    def refuse(out, chunk):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fetch_download, "_write", refuse)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and "--root" in err
+    assert home(tmp_path).rstrip("/") in err
+    assert "transfer broke" not in err and not os.path.exists(tmp_path / "home")
+
+
+def test_a_full_disk_while_unpacking_or_a_lock_that_cannot_be_made(server, tmp_path, capsys,
+                                                                   monkeypatch):
+    from rayfl.data import fetch as fetching
+    from rayfl.data import fetch_unpack
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+
+    def full(archive, folder):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fetch_unpack, "cifar10", full)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no space left" in err and not os.path.exists(tmp_path / "home")
+
+    def read_only(path, *args, **kwargs):
+        if path.endswith(".lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+        return open(path, *args, **kwargs)
+
+    monkeypatch.setattr(fetching, "open", read_only, raising=False)
+    assert fetch("cifar10", "--quiet", "--root", str(tmp_path / "ro" / "cifar10")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "EROFS" in err and not os.path.exists(tmp_path / "ro")
+
+
+@pytest.mark.parametrize("stop", [TimeoutError("timed out"), KeyboardInterrupt()])
+def test_the_bytes_said_to_be_kept_are_the_bytes_in_the_part(server, tmp_path, capsys,
+                                                              monkeypatch, stop):
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+    read1, sizes = http.client.HTTPResponse.read1, []
+
+    def read_then_stop(response, n=-1):  # one read arrives, then the connection stalls
+        if sizes:
+            raise stop
+        data = read1(response, 1000)  # less than the whole archive
+        sizes.append(len(data))
+        return data
+
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", read_then_stop)
+    assert fetch("cifar10", "--quiet") == (130 if isinstance(stop, KeyboardInterrupt) else 2)
+    err = capsys.readouterr().err
+    part = os.path.join(home(tmp_path), ".cifar10.cifar-10-python.tar.gz.part")
+    assert 0 < sizes[0] < len(archive) and os.path.getsize(part) == sizes[0]
+    assert f" {sizes[0]:,} " in err and part in err and err.count("\n") == 1
+    assert sorted(os.listdir(home(tmp_path))) == [os.path.basename(part)]  # no .lock
+    monkeypatch.setattr(http.client.HTTPResponse, "read1", read1)
+    assert fetch("cifar10", "--quiet") == 0  # continues from there
+    assert server.gets("cifar-10-python.tar.gz")[-1][2] == f"bytes={sizes[0]}-"
+
+
+def test_a_second_fetch_says_it_waits_for_the_first(server, tmp_path, capsys, monkeypatch):
+    from rayfl.data import fetch as fetching
+
+    archive, _ = cifar10_archive(tmp_path)
+    server.serve("cifar10", archive)
+    os.makedirs(home(tmp_path))
+    lock_path = os.path.join(home(tmp_path), ".cifar10.lock")
+    waiting, said = threading.Event(), fetching._waiting
+
+    def announce(folder, lock):
+        said(folder, lock)
+        waiting.set()
+
+    monkeypatch.setattr(fetching, "_waiting", announce)
+    codes = []
+    with open(lock_path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the other fetch
+        second = threading.Thread(target=lambda: codes.append(fetch("cifar10", "--quiet")))
+        second.start()
+        assert waiting.wait(120)
+        assert server.requests == []  # it waits: nothing downloaded yet
+    second.join(120)
+    assert codes == [0]
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "another process is fetching into" in err
+    assert "waiting for it to finish" in err and lock_path in err and "fetched" in out
+    assert os.listdir(home(tmp_path)) == ["cifar10"]
+
+
+@pytest.mark.parametrize("mirror", ["not a url", "ftp//host", "http://"])
+def test_a_mirror_that_is_not_a_url_is_one_line(server, tmp_path, capsys, monkeypatch, mirror):
+    monkeypatch.setenv("RAYFL_DATA_MIRROR", mirror)
+    assert fetch("cifar10", "--quiet") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RAYFL_DATA_MIRROR" in err and "http" in err
+    assert not os.path.exists(home(tmp_path)) and server.requests == []
 
 
 def test_a_dataset_already_there_is_not_downloaded_again(server, tmp_path, capsys):
@@ -459,7 +691,9 @@ def test_list_and_usage_errors(server, capsys):
     assert [line.split()[0] for line in lines] == list(fetch_sources.SOURCES)
     assert all(s.url in line for s, line in zip(fetch_sources.SOURCES.values(), lines))
     assert "163 MiB" in lines[0]  # 170,498,071 bytes
-    for args, words in ((["fmnist"], "dataset-fashion-mnist"), (["mnist"], "not a built-in"),
+    assert "fmnist" in lines[4] and "and 3 more files beside it" in lines[4]
+    assert " 29 MiB " in lines[4]  # 26,421,880 + 29,515 + 4,422,102 + 5,148 bytes
+    for args, words in ((["fashion_mnist"], "fmnist"), (["mnist"], "not a built-in"),
                         ([], "--list"), (["--list", "cifar10"], "--list")):
         assert fetch(*args) == 2
         err = capsys.readouterr().err
@@ -507,7 +741,7 @@ def test_data_fetch_fetches_the_dataset_before_the_run(server, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("dataset,reason", [
-    ("synthetic", "generated"), ("digits", "scikit-learn"), ("fmnist", "dataset-fashion-mnist"),
+    ("synthetic", "generated"), ("digits", "scikit-learn"),
     ("leaf_shakespeare", "LEAF's own scripts"), ("examples.my_data:Rings", "not a built-in")])
 def test_data_fetch_refuses_a_dataset_it_cannot_fetch(server, tmp_path, capsys, dataset, reason):
     args = [f"output_dir={tmp_path / 'runs'}", f"data.cache_dir={tmp_path / 'cache'}",
@@ -518,20 +752,25 @@ def test_data_fetch_refuses_a_dataset_it_cannot_fetch(server, tmp_path, capsys, 
     assert not os.path.exists(tmp_path / "runs") and server.requests == []
 
 
-def test_the_docs_fetch_commands_run_as_written(server, tmp_path, capsys):
+def test_the_docs_fetch_commands_run_as_written(server, tmp_path, capsys, monkeypatch):
     archive, _ = cifar10_archive(tmp_path)
     server.serve("cifar10", archive)
     write_emnist_sqlite(tmp_path / "e.sqlite", {"f1": {"all_train": [(np.zeros((28, 28)), 1)],
                                                        "all_test": [(np.ones((28, 28)), 2)]}})
     server.serve("femnist", lzma_alone((tmp_path / "e.sqlite").read_bytes()))
+    server.serve_all("fmnist", fmnist_files(tmp_path)[0])
+    monkeypatch.setitem(fetch_sources.SOURCES, "fmnist", dataclasses.replace(
+        fetch_sources.SOURCES["fmnist"], system=None))  # the Debian package: not installed
     with open(os.path.join(ROOT, "docs", "howto", "data.md")) as f:
         section = f.read().split("## Fetching a dataset", 1)[1]
-    commands = [shlex.split(line) for block in re.findall(r"```sh\n(.*?)```", section, re.S)
+    commands = [shlex.split(line, comments=True)
+                for block in re.findall(r"```sh\n(.*?)```", section, re.S)
                 for line in block.splitlines() if line.startswith("rayfl data fetch")]
-    assert len(commands) >= 3
+    assert len(commands) >= 4
     for words in commands:
         words = [os.path.expanduser(w) for w in words]  # as the shell expands ~
         assert cli.main(words[1:]) == 0, words
+    assert os.path.isfile(os.path.join(home(tmp_path, "fmnist"), RECORD))
     assert "## `rayfl data fetch`" in generated_cli()
 
 

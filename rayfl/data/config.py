@@ -31,9 +31,9 @@ class DataConfig(registry.Named):
     fetch: bool = field(False, doc="download the dataset first when its folder (data.root, "
                                    "else ~/.cache/rayfl-data/DATASET) is missing or empty, "
                                    "checked as `rayfl data fetch` does, before the partition is "
-                                   "built: cifar10, cifar100, emnist, femnist, sent140, "
-                                   "stackoverflow, shakespeare, tff_shakespeare; other datasets "
-                                   "are refused")
+                                   "built: cifar10, cifar100, emnist, femnist, fmnist (unless "
+                                   "its Debian package is installed), sent140, stackoverflow, "
+                                   "shakespeare, tff_shakespeare; other datasets are refused")
     num_clients: int = field(100, doc="registered clients N, validation clients included; for "
                                       "partition=natural the first N writers/users", lo=1)
     partition: Literal["iid", "dirichlet", "label_dirichlet", "shards", "natural"] = field(

@@ -2,70 +2,52 @@
 its loader reads (``data.root``); ``data.fetch: true`` does the same for a run whose dataset is
 missing, before the partition is built.
 
-The download goes to ``.<folder>.<file>.part`` beside the destination folder and, interrupted,
-continues from there with an HTTP Range request on the next try. It is checked (size and
-checksum, see :mod:`rayfl.data.fetch_sources`) before anything is unpacked; a mismatch removes
-it. The files are laid out in a temporary folder beside the destination, which is renamed into
-place only when complete, holding ``.rayfl-fetch.json`` (what was fetched from where): a
-destination is either absent or whole. Failures are one :class:`FetchError` line (exit 2).
+The download goes to ``.<folder>.<file>.part`` beside the destination folder and, when the
+transfer breaks before the bytes the server announced, continues from there with an HTTP Range
+request on the next try. A complete download is checked (size and checksum, see
+:mod:`rayfl.data.fetch_sources`) before anything is unpacked; a mismatch removes it. The files
+are laid out in a temporary folder beside the destination, which is renamed into place only when
+complete, holding ``.rayfl-fetch.json`` (what was fetched from where): a destination is either
+absent or whole. Fetches into one folder take turns on ``.<folder>.lock`` beside it, removed when
+done. Failures are one :class:`FetchError` line (exit 2), and leave nothing behind but the part
+of a broken transfer.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import csv
 import dataclasses
 import datetime
 import fcntl
-import hashlib
-import http.client
 import json
 import lzma
 import os
+import posixpath
 import shutil
 import sqlite3
 import sys
 import tarfile
 import tempfile
-import urllib.error
-import urllib.request
+import urllib.parse
 import zipfile
 from typing import TYPE_CHECKING, Optional
 
 from rayfl.data import fetch_unpack
-from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, Source, default_folder,
-                                      url_of)
+from rayfl.data.fetch_download import (Expected, FetchError, Resumable, disk_error, download,
+                                       expected_of, verify)
+from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, File, Source,
+                                      default_folder, url_of)
 from rayfl.schema import ConfigError
 
 if TYPE_CHECKING:
     from rayfl.data.config import DataConfig
 
 RECORD = ".rayfl-fetch.json"  # in a fetched folder: what was fetched, from where, its checksum
-TIMEOUT_S = 60  # per connection attempt and per read
-CHUNK = 1 << 20
 # what unpacking an archive of an unexpected format raises (besides OSError)
 UNPACK_ERRORS = (EOFError, ValueError, KeyError, IndexError, TypeError, tarfile.TarError,
            zipfile.BadZipFile, lzma.LZMAError, sqlite3.DatabaseError, csv.Error)
-
-
-class FetchError(ConfigError):
-    """A dataset could not be fetched: names the URL or file and what was expected. A
-    ConfigError, so every command prints it as one line and exits with status 2."""
-
-    def __init__(self, where: str, problem: str):
-        self.key, self.value, self.expected = "data.fetch", where, problem
-        ValueError.__init__(self, f"{where}: {' '.join(problem.split())}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Expected:
-    """What the download must be: its size (None: unknown) and checksum."""
-
-    size: Optional[int]
-    algorithm: str
-    digest: str
 
 
 def source_of(name: str, key: str = "NAME") -> Source:
@@ -120,12 +102,53 @@ def state(name: str, folder: str, key: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(folder: str):
-    """One fetch into ``folder`` at a time (a lock file beside it)."""
+def _locked(folder: str, key: str):
+    """One fetch into ``folder`` at a time: a lock file beside it, removed when the fetch ends. A
+    fetch that finds the lock held says, on one line, that it waits for the other."""
     parent, base = os.path.split(folder)
-    with open(os.path.join(parent, f".{base}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    path = os.path.join(parent, f".{base}.lock")
+    said = False
+    while True:
+        try:
+            lock = open(path, "a")
+        except OSError as e:
+            raise disk_error(e, parent, key) or e from None
+        try:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not said:
+                    _waiting(folder, path)
+                    said = True
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if _same_file(lock, path):
+                break
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()  # its holder removed it meanwhile: lock the one there now
+    try:
         yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+        lock.close()
+
+
+def _waiting(folder: str, lock: str) -> None:
+    """Say, on one line, that this fetch waits for the one holding ``lock``."""
+    print(f"rayfl: another process is fetching into {folder} (it holds {lock}); waiting for it "
+          "to finish", file=sys.stderr, flush=True)
+
+
+def _same_file(f, path: str) -> bool:
+    """Whether the open file ``f`` is still the one at ``path``."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
@@ -136,23 +159,30 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
     ``key``: what a refusal of the folder names."""
     source = source_of(name)
     folder = folder_for(name, root)
-    url = url_of(source, mirror)
+    mirror = _mirror(mirror)
+    if root is None and installed(source):
+        return (f"{name}: {source.system} already holds its files (a system package's, read by "
+                "default; not fetched by rayfl, so not checked); nothing to do")
     found = state(name, folder, key)
     if found == "missing":
+        made = _absent_folders(os.path.dirname(folder))
         try:
             os.makedirs(os.path.dirname(folder), exist_ok=True)
         except OSError as e:
             raise ConfigError(key, folder, f"a folder that can be created ({e.strerror})") \
                 from None
-        with _locked(folder):
-            found = state(name, folder, key)  # another process may have fetched it meanwhile
-            if found == "missing":
-                expected = _expected(source, url)
-                part = _part_path(folder, source)
-                _download(url, part, expected.size, quiet)
-                _verify(url, part, expected)
-                _install(name, source, url, part, folder, expected)
-                return f"{name}: fetched {url} into {folder} ({expected.algorithm} checked)"
+        try:
+            with _locked(folder, key):
+                found = state(name, folder, key)  # another process may have fetched it meanwhile
+                if found == "missing":
+                    return _fetch_into(name, source, folder, mirror, quiet, key)
+        except BaseException:
+            for path in made:  # the folders made for it, while empty (no part kept there)
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    break
+            raise
     if found == "fetched":
         record = _record(folder)
         return (f"{name}: already in {folder} (fetched from {record.get('url')}, "
@@ -164,16 +194,91 @@ def fetch(name: str, root: Optional[str] = None, quiet: Optional[bool] = False,
                                    "other files, and not the ones the loader reads)")
 
 
+def installed(source: Source) -> bool:
+    """Whether a system package installed the source's files (read when data.root is unset)."""
+    return bool(source.system) and all(os.path.isfile(os.path.join(source.system, p))
+                                       for p in source.probe)
+
+
+def _absent_folders(path: str) -> list[str]:
+    """The folders that ``os.makedirs(path)`` would create, deepest first."""
+    absent = []
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        absent.append(path)
+        path = os.path.dirname(path)
+    return absent
+
+
+def _mirror(mirror: Optional[str]) -> Optional[str]:
+    """The mirror to fetch from (``mirror``, else ``$RAYFL_DATA_MIRROR``; None: the origins),
+    refused unless an http(s) URL."""
+    mirror = mirror or os.environ.get(MIRROR_ENV) or None
+    if mirror is not None:
+        try:
+            parsed = urllib.parse.urlsplit(mirror)
+            ok = parsed.scheme in ("http", "https") and bool(parsed.hostname)
+        except ValueError:
+            ok = False
+        if not ok or any(c.isspace() for c in mirror):
+            raise ConfigError(MIRROR_ENV, mirror, "the http:// or https:// URL of a mirror, "
+                                                  "serving each file as URL/<file name>")
+    return mirror
+
+
+@dataclasses.dataclass(frozen=True)
+class Download:
+    """A checked download of one file of a source."""
+
+    file: File
+    url: str
+    part: str
+    expected: Expected
+    size: int
+
+
+def _fetch_into(name: str, source: Source, folder: str, mirror: Optional[str],
+                quiet: Optional[bool], key: str) -> str:
+    """Download, check and install every file of ``source`` into the missing ``folder``. A
+    refusal removes what was downloaded, except after a transfer that broke (kept, to continue
+    from on the next try)."""
+    who = "mirror" if mirror else "server"
+    downloads = []
+    try:
+        for file in source.files:
+            url = url_of(file, mirror)
+            part = _part_path(folder, file)
+            expected = expected_of(file, url)
+            download(url, part, expected.size, quiet, who, key)
+            verify(url, part, expected)
+            downloads.append(Download(file, url, part, expected, os.path.getsize(part)))
+        _install(name, source, downloads, folder, key)
+    except (Resumable, KeyboardInterrupt):
+        raise
+    except BaseException:
+        for file in source.files:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(_part_path(folder, file))
+        raise
+    first = downloads[0]
+    what = first.url if len(downloads) == 1 else \
+        f"{len(downloads)} files from {posixpath.dirname(first.url)}/"
+    return f"{name}: fetched {what} into {folder} ({first.expected.algorithm} checked)"
+
+
 def ensure(cfg: "DataConfig") -> "DataConfig":
     """The data config to load: with ``data.fetch``, its dataset fetched first when its folder
     (``data.root``, else the default folder, which becomes ``data.root``) is missing or empty;
-    a dataset rayfl cannot fetch is refused with the reason. Without it, ``cfg`` as is."""
+    a dataset rayfl cannot fetch is refused with the reason; one a system package installed
+    (Fashion-MNIST's Debian package) is left to it when data.root is unset. Without data.fetch,
+    ``cfg`` as is."""
     if not getattr(cfg, "fetch", False):
         return cfg
     if cfg.dataset not in SOURCES:
         raise ConfigError("data.fetch", True, f"a dataset rayfl can fetch ({', '.join(SOURCES)})"
                           f", not data.dataset = {cfg.dataset!r}: "
                           f"{not_fetched_reason(cfg.dataset)}; or data.fetch: false")
+    if not cfg.root and installed(SOURCES[cfg.dataset]):
+        return cfg  # the system package's files, which the loader reads by default
     folder = folder_for(cfg.dataset, cfg.root)
     if state(cfg.dataset, folder, "data.root") == "missing":
         print(fetch(cfg.dataset, folder, quiet=None, key="data.root"), file=sys.stderr,
@@ -181,134 +286,53 @@ def ensure(cfg: "DataConfig") -> "DataConfig":
     return cfg if cfg.root else dataclasses.replace(cfg, root=folder)
 
 
-# ----- the download ------------------------------------------------------------------------------
+# ----- the download's place and installation ---------------------------------------------------
 
-def _part_path(folder: str, source: Source) -> str:
+def _part_path(folder: str, file: File) -> str:
     parent, base = os.path.split(folder)
-    return os.path.join(parent, f".{base}.{source.filename}.part")
+    return os.path.join(parent, f".{base}.{file.filename}.part")
 
 
-def _request(url: str, method: str = "GET", start: int = 0):
-    """The server's response (None: nothing after ``start``, HTTP 416); a FetchError when there
-    is none."""
-    from rayfl import __version__
-
-    headers = {"User-Agent": f"rayfl/{__version__}"}
-    if start:
-        headers["Range"] = f"bytes={start}-"
-    request = urllib.request.Request(url, headers=headers, method=method)
+def _install(name: str, source: Source, downloads: list[Download], folder: str,
+             key: str) -> None:
+    """Unpack the checked downloads (or, for a source without an unpacker, move them) into a
+    temporary folder beside ``folder``, then rename it into place and remove the downloads. The
+    temporary folder goes in any case."""
+    parent, base = os.path.split(folder)
     try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT_S)
-    except urllib.error.HTTPError as e:
-        e.close()
-        if e.code == 416 and start:
-            return None
-        raise FetchError(url, f"could not download it (HTTP {e.code} {e.reason})") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        reason = getattr(e, "reason", None) or e
-        raise FetchError(url, f"could not download it ({reason}); check the network and proxy "
-                              f"(https_proxy), or set {MIRROR_ENV} to a mirror") from None
-
-
-def _expected(source: Source, url: str) -> Expected:
-    """The published size and sha256, or (none published) the size and MD5 the server states
-    (Google Cloud Storage's x-goog-hash header, asked with HEAD)."""
-    if source.sha256:
-        return Expected(source.size, "sha256", source.sha256)
-    with _request(url, "HEAD") as response:
-        length = response.headers.get("Content-Length")
-        hashes = ",".join(response.headers.get_all("x-goog-hash") or [])
-    md5 = next((base64.b64decode(h.strip()[4:]).hex() for h in hashes.split(",")
-                if h.strip().startswith("md5=")), None)
-    if md5 is None:
-        raise FetchError(url, f"expected the server to state an MD5 (x-goog-hash header) to "
-                              f"check {source.filename} against: none is published for it, and "
-                              "this server states none")
-    return Expected(int(length) if length else source.size, "md5", md5)
-
-
-def _download(url: str, part: str, size: Optional[int], quiet: Optional[bool]) -> None:
-    """``url`` into ``part``, continuing a partial one with a Range request; an interrupted
-    transfer keeps what arrived (a FetchError saying so)."""
-    from tqdm import tqdm
-
-    have = os.path.getsize(part) if os.path.isfile(part) else 0
-    if size is not None and have > size:
-        os.remove(part)
-        have = 0
-    if size is not None and have == size:
-        return  # whole from an earlier try; checked next
-    response = _request(url, start=have)
-    if response is None:
-        return  # the server has nothing after what is here: checked next
-    with response:
-        if have and not (response.status == 206 and response.headers.get(
-                "Content-Range", "").startswith(f"bytes {have}-")):
-            have = 0  # the server sends the whole file: start over
-        length = response.headers.get("Content-Length")
-        total = size if size is not None else (have + int(length) if length else None)
-        done = have
-        with open(part, "ab" if have else "wb") as out, \
-                tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
-                     desc=url.rsplit("/", 1)[-1],
-                     file=sys.stderr, disable=quiet) as bar:
-            try:
-                while chunk := response.read(CHUNK):
-                    out.write(chunk)
-                    done += len(chunk)
-                    bar.update(len(chunk))
-            except (OSError, http.client.HTTPException) as e:
-                raise _broken(url, part, done, total, f"{type(e).__name__}: {e}") from None
-            except KeyboardInterrupt:
-                print(f"rayfl: interrupted; the {done:,} bytes that arrived are kept in {part}: "
-                      "the same command continues from there", file=sys.stderr)
-                raise
-    if total is not None and done < total:
-        raise _broken(url, part, done, total, "the connection closed early")
-
-
-def _broken(url: str, part: str, done: int, total: Optional[int], why: str) -> FetchError:
-    of = f" of {total:,}" if total is not None else ""
-    return FetchError(url, f"the transfer broke after {done:,}{of} bytes ({why}); they are kept "
-                           f"in {part}: run the same command again to continue")
-
-
-def _verify(url: str, part: str, expected: Expected) -> None:
-    """The download's size and checksum, or a FetchError (the download removed)."""
-    size = os.path.getsize(part)
-    with open(part, "rb") as f:
-        digest = hashlib.file_digest(f, expected.algorithm).hexdigest()
-    if digest != expected.digest or (expected.size is not None and size != expected.size):
-        os.remove(part)
-        want = f" ({expected.size:,} bytes)" if expected.size is not None else ""
-        raise FetchError(url, f"expected {expected.algorithm} {expected.digest}{want}, got "
-                              f"{expected.algorithm} {digest} ({size:,} bytes): not the "
-                              "published file, so it was removed")
-
-
-def _install(name: str, source: Source, url: str, part: str, folder: str,
-             expected: Expected) -> None:
-    """Unpack the checked download into a temporary folder beside ``folder``, then rename it
-    into place and remove the download. A download that cannot be unpacked stays (it matched
-    its checksum), and the temporary folder goes."""
-    parent, base = os.path.split(folder)
-    tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+        tmp = tempfile.mkdtemp(prefix=f".{base}.tmp-", dir=parent)
+    except OSError as e:
+        raise disk_error(e, parent, key) or e from None
+    first = downloads[0]
     try:
         try:
-            getattr(fetch_unpack, source.unpack)(part, tmp)
-        except (OSError, *UNPACK_ERRORS) as e:
-            raise FetchError(url, f"could not unpack {source.filename} ({type(e).__name__}: "
-                                  f"{e}); the checked download stays in {part}") from None
+            if source.unpack:
+                getattr(fetch_unpack, source.unpack)(first.part, tmp)
+            else:
+                for d in downloads:
+                    os.rename(d.part, os.path.join(tmp, d.file.filename))
+        except OSError as e:
+            problem = disk_error(e, parent, key)
+            if problem:
+                raise problem from None
+            raise FetchError(first.url, f"could not unpack {first.file.filename} "
+                                        f"({type(e).__name__}: {e}); it was removed") from None
+        except UNPACK_ERRORS as e:
+            raise FetchError(first.url, f"could not unpack {first.file.filename} "
+                                        f"({type(e).__name__}: {e}); it was removed") from None
         missing = [p for p in source.probe if not os.path.exists(os.path.join(tmp, p))]
         if missing:
-            raise FetchError(url, f"expected {source.filename} to hold {', '.join(missing)}; "
-                                  f"the checked download stays in {part}")
-        record = {"dataset": name, "url": url, "file": source.filename,
-                  "bytes": os.path.getsize(part), "algorithm": expected.algorithm,
-                  "digest": expected.digest,
+            raise FetchError(first.url, f"expected {first.file.filename} to hold "
+                                        f"{', '.join(missing)}; it was removed")
+        record = {"dataset": name, **_entry(first),
                   "fetched": datetime.datetime.now(datetime.timezone.utc).isoformat()}
-        with open(os.path.join(tmp, RECORD), "w") as f:
-            json.dump(record, f, indent=1)
+        if len(downloads) > 1:
+            record["more"] = [_entry(d) for d in downloads[1:]]
+        try:
+            with open(os.path.join(tmp, RECORD), "w") as f:
+                json.dump(record, f, indent=1)
+        except OSError as e:
+            raise disk_error(e, parent, key) or e from None
         try:
             os.rename(tmp, folder)  # onto an absent or empty folder: atomic
         except OSError as e:
@@ -316,7 +340,15 @@ def _install(name: str, source: Source, url: str, part: str, folder: str,
                                      f"into ({e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    os.remove(part)
+    for d in downloads:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(d.part)
+
+
+def _entry(d: Download) -> dict:
+    """What the record says of one download."""
+    return {"url": d.url, "file": d.file.filename, "bytes": d.size,
+            "algorithm": d.expected.algorithm, "digest": d.expected.digest}
 
 
 # ----- the command ------------------------------------------------------------------------------
@@ -324,13 +356,16 @@ def _install(name: str, source: Source, url: str, part: str, folder: str,
 def listing() -> list[str]:
     """One line per fetchable dataset: name, size, URL and who publishes its checksum."""
     def size(s: Source) -> str:
-        if s.size is None:
+        if any(f.size is None for f in s.files):
             return "unpublished"
-        mib = s.size / 2**20
+        mib = sum(f.size for f in s.files) / 2**20
         return f"{mib:,.1f} MiB" if mib < 10 else f"{mib:,.0f} MiB"
 
     width = max(map(len, SOURCES))
-    return [f"{name:{width}}  {size(s):>11}  {s.url}  (checksum: {s.checksum_from})"
+    def where(s: Source) -> str:
+        return s.url + (f" and {len(s.more)} more files beside it" if s.more else "")
+
+    return [f"{name:{width}}  {size(s):>11}  {where(s)}  (checksum: {s.checksum_from})"
             for name, s in SOURCES.items()]
 
 
@@ -342,9 +377,11 @@ def parser() -> argparse.ArgumentParser:
         prog="rayfl data fetch",
         description="Download a built-in dataset from its canonical URL, check its size and "
                     "checksum, and unpack it into the folder its loader reads: set data.root to "
-                    "that folder (or use data.fetch: true). An interrupted download continues "
-                    "where it stopped; a dataset already there is left as is.",
-        epilog=f"{MIRROR_ENV}=URL fetches every archive from URL/<file name> (a mirror), with "
+                    "that folder (or use data.fetch: true). fmnist (Fashion-MNIST, no root "
+                    "needed) is read from its default folder without data.root, unless its "
+                    "Debian package is installed. An interrupted download continues where it "
+                    "stopped; a dataset already there is left as is.",
+        epilog=f"{MIRROR_ENV}=URL fetches every file from URL/<file name> (a mirror), with "
                "the same checks; https_proxy and http_proxy are honoured.")
     p.add_argument("name", nargs="?", metavar="NAME", help=f"the dataset: {', '.join(SOURCES)}")
     p.add_argument("--root", metavar="DIR", help="the folder to fetch into, missing or empty "

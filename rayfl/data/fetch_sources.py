@@ -1,11 +1,12 @@
 """Where ``rayfl data fetch`` downloads each built-in dataset from, how the download is checked,
 and what it unpacks into the folder the dataset's loader reads (``data.root``).
 
-Every archive is checked before anything is unpacked: against the sha256 its publishers (or a
+Every download is checked before anything is unpacked: against the sha256 its publishers (or a
 project that distributes it) list, or, for StackOverflow, whose SQLite export has no published
 checksum, against the MD5 that its storage (Google Cloud Storage) states for the object in the
-``x-goog-hash`` header. ``RAYFL_DATA_MIRROR`` (see :func:`url_of`) fetches every archive from
-``<mirror>/<file name>`` instead of its origin, with the same checks.
+``x-goog-hash`` header. ``RAYFL_DATA_MIRROR`` (see :func:`url_of`) fetches every file from
+``<mirror>/<file name>`` instead of its origin, with the same checks. Most datasets are one
+archive; Fashion-MNIST is its four gzipped IDX files, kept as they are.
 """
 
 from __future__ import annotations
@@ -21,21 +22,39 @@ TFF = "https://storage.googleapis.com/tff-datasets-public"
 
 
 @dataclass(frozen=True)
-class Source:
-    """One dataset's archive, its checks, and what it becomes on disk."""
+class File:
+    """One file to download and its checks."""
 
     url: str
     size: Optional[int]  # bytes as published; None: the size the server states
     sha256: Optional[str]  # None: the MD5 the server states in x-goog-hash
-    checksum_from: str  # who publishes the checksum
-    unpack: str  # the function of rayfl.data.fetch_unpack that lays the files out
-    probe: tuple[str, ...]  # files the loader reads (relative to data.root)
 
     @property
     def filename(self) -> str:
-        """The archive's file name (the last part of its URL)."""
+        """The file's name (the last part of its URL)."""
         return posixpath.basename(urllib.parse.urlparse(self.url).path)
 
+
+@dataclass(frozen=True)
+class Source(File):
+    """One dataset's download (its archive, or its first file), its checks, and what it becomes
+    on disk."""
+
+    checksum_from: str = ""  # who publishes the checksum
+    unpack: Optional[str] = None  # the function of rayfl.data.fetch_unpack that lays the files
+    # out; None: the downloads are the loader's files, kept under their names
+    probe: tuple[str, ...] = ()  # files the loader reads (relative to data.root)
+    more: tuple[File, ...] = ()  # further files of the dataset, downloaded beside the first
+    system: Optional[str] = None  # a folder a system package installs the same files into,
+    # read by the loader before the fetched ones (what `data.fetch` then leaves alone)
+
+    @property
+    def files(self) -> tuple[File, ...]:
+        """Every file to download, the first one first."""
+        return (File(self.url, self.size, self.sha256), *self.more)
+
+
+FMNIST = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com"
 
 SOURCES: dict[str, Source] = {
     # the python version's tar.gz: cifar-10-batches-py/
@@ -62,6 +81,22 @@ SOURCES: dict[str, Source] = {
         "c3aaf91b4cf4e69d53d81627ad119eccdc878ff906f68e66063ff10f67faad48",
         "a recorded download; TFF publishes none", "femnist",
         ("train/all_data_00.json", "test/all_data_00.json")),
+    # Zalando Research's four gzipped IDX files, kept as they are; the sha256 of each is that of
+    # the file whose MD5 the Fashion-MNIST README lists (the Debian package dataset-fashion-mnist
+    # holds the same files, recompressed without the name and time in their gzip header)
+    "fmnist": Source(
+        f"{FMNIST}/train-images-idx3-ubyte.gz", 26_421_880,
+        "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+        "sha256 of the files with the MD5s of the Fashion-MNIST README", None,
+        ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+        more=(File(f"{FMNIST}/train-labels-idx1-ubyte.gz", 29_515,
+                   "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845"),
+              File(f"{FMNIST}/t10k-images-idx3-ubyte.gz", 4_422_102,
+                   "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073"),
+              File(f"{FMNIST}/t10k-labels-idx1-ubyte.gz", 5_148,
+                   "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5")),
+        system="/usr/share/datasets/fashion-mnist"),
     # Sentiment140's two CSVs, made into LEAF's json as LEAF's scripts do: train/, test/
     "sent140": Source(
         "https://cs.stanford.edu/people/alecmgo/trainingandtestdata.zip", 81_363_704,
@@ -88,8 +123,6 @@ SOURCES: dict[str, Source] = {
 
 #: built-in datasets rayfl does not fetch, and why (what ``data.fetch`` refusals say)
 NOT_FETCHED = {
-    "fmnist": "Fashion-MNIST comes from the Debian package dataset-fashion-mnist (sudo apt-get "
-              "install dataset-fashion-mnist)",
     "digits": "scikit-learn's digits ship with scikit-learn: there is nothing to fetch",
     "synthetic": "synthetic data is generated: there is nothing to fetch",
     "synthetic_fedprox": "synthetic data is generated: there is nothing to fetch",
@@ -113,7 +146,7 @@ def default_folder(name: str) -> str:
     return os.path.join(data_home(), name)
 
 
-def url_of(source: Source, mirror: Optional[str] = None) -> str:
+def url_of(source: File, mirror: Optional[str] = None) -> str:
     """The URL to fetch: ``<mirror>/<file name>`` with a mirror (the argument, else
     ``$RAYFL_DATA_MIRROR``), else the origin."""
     mirror = mirror or os.environ.get(MIRROR_ENV)

@@ -1,4 +1,5 @@
-"""Fashion-MNIST from its IDX files (the Debian package ``dataset-fashion-mnist`` by default)."""
+"""Fashion-MNIST from its IDX files: those of the Debian package ``dataset-fashion-mnist``, else
+those ``rayfl data fetch fmnist`` fetched, unless data.root names others."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import zlib
 import numpy as np
 
 from rayfl.data.datasets import Arrays
+from rayfl.data.fetch_sources import SOURCES, default_folder
 from rayfl.schema import ConfigError
 
-DEFAULT_ROOT = "/usr/share/datasets/fashion-mnist"
+DEFAULT_ROOT = SOURCES["fmnist"].system  # the Debian package's folder
 FILES = {
     "x_train": "train-images-idx3-ubyte",
     "y_train": "train-labels-idx1-ubyte",
     "x_test": "t10k-images-idx3-ubyte",
     "y_test": "t10k-labels-idx1-ubyte",
 }
-INSTALL_HINT = ("install it with `sudo apt-get install dataset-fashion-mnist` (files land in "
-                f"{DEFAULT_ROOT}), or set data.root to a directory holding the four IDX files")
+INSTALL_HINT = ("fetch it with `rayfl data fetch fmnist` (into ~/.cache/rayfl-data/fmnist, read "
+                "by default; or data.fetch: true), or install the Debian package with `sudo "
+                f"apt-get install dataset-fashion-mnist` (into {DEFAULT_ROOT}), or set data.root "
+                "to a directory holding the four IDX files")
 
 
 def _refuse(path: str, problem: str) -> ConfigError:
@@ -80,9 +84,18 @@ def find(root: str, stem: str) -> str | None:
     return None
 
 
+def default_root() -> str:
+    """The Debian package's folder, else the folder ``rayfl data fetch fmnist`` fills when that
+    one holds the four files (the Debian one when neither does)."""
+    debian = SOURCES["fmnist"].system
+    whole = [r for r in (debian, default_folder("fmnist"))
+             if all(find(r, stem) for stem in FILES.values())]
+    return whole[0] if whole else debian
+
+
 def check_files(root: str | None) -> str:
     """The dataset directory, or a ConfigError naming what is missing and how to install it."""
-    root = os.path.expanduser(root or DEFAULT_ROOT)
+    root = os.path.expanduser(root or default_root())
     missing = [stem for stem in FILES.values() if find(root, stem) is None]
     if missing:
         raise ConfigError("data.root", root, f"a directory with Fashion-MNIST's "
@@ -92,7 +105,7 @@ def check_files(root: str | None) -> str:
 
 def sources(cfg) -> list[str]:
     """The four IDX files that :func:`load` reads (those present)."""
-    root = os.path.expanduser(cfg.root or DEFAULT_ROOT)
+    root = os.path.expanduser(cfg.root or default_root())
     return [p for p in (find(root, stem) for stem in FILES.values()) if p]
 
 
