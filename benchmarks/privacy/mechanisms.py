@@ -103,7 +103,8 @@ def run_one(key: Key, overrides: list[str]) -> dict:
     model, mech, avail, eps, seed = key
     cfg = config_mod.load(CONFIG, overrides)
     z = 0.0 if mech == REFERENCE else privacy.calibrate(cfg, eps)
-    name = f"{model}-{mech.replace(' ', '').lower()}-{avail}-eps{eps:g}-seed{seed}"
+    short = mech.replace(' ', '').replace(',', '-').lower()
+    name = f"{model}-{short}-{avail}-eps{eps:g}-seed{seed}"
     result = rayfl.run(CONFIG, overrides + [f"privacy.noise_multiplier={z!r}", f"name={name}",
                                             f"output_dir={OUTPUT}"], quiet=True)
     s = result.summary
