@@ -18,6 +18,8 @@ another's moves the sum by up to 2S (+S·e against −S·e), so the event's mult
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 
 import dp_accounting as dpa
@@ -53,8 +55,23 @@ def epsilon(rounds: int, delta: float, sampling: str, num_clients: int, per_roun
         acc = rdp.RdpAccountant(neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
     else:
         acc = rdp.RdpAccountant() if accountant == "rdp" else pld.PLDAccountant()
-    acc.compose(event)
-    return float(acc.get_epsilon(delta))
+    with _without_order_warnings():
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+
+
+@contextlib.contextmanager
+def _without_order_warnings():
+    """dp-accounting's RDP accountant warns for every order whose moment does not converge at a
+    small noise multiplier and leaves that order out, which can only raise ε: kept off the
+    user's terminal, where it would repeat every round."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def rounds_within(target: float, limit: int, **kw) -> int:
