@@ -1,6 +1,7 @@
 """The documentation site builds in strict mode (no broken link, anchor or API reference), its
-generated reference pages say what the code says, and its config snippets are valid configs.
-(Its commands and Python snippets run in tests/test_readme.py.)"""
+generated reference pages say what the code says, its config snippets are valid configs, and
+the algorithm tutorial's blocks run in order. (The commands and the stand-alone ``python``
+snippets run in tests/test_readme.py; a ``py`` block is a fragment or a step of a sequence.)"""
 
 from __future__ import annotations
 
@@ -221,3 +222,35 @@ def test_the_config_table_lists_every_field_in_order():
     assert "show_signature: false" in page
     listed = re.findall(r"^\| `(\w+)` \|", page, flags=re.M)
     assert listed == [f.name for f in dataclasses.fields(config.Config)]
+
+
+def test_the_algorithm_tutorial_runs_in_order(ray_local, tmp_path, monkeypatch, capsys):
+    """docs/algorithm-tutorial.md's blocks, pasted in order into one session started in some
+    directory: they write only under the fresh folder they make, and print what they claim."""
+    import tempfile
+
+    from rayfl import registry
+
+    for kind, registered in registry._REGISTERED.items():  # the page registers agreeavg
+        monkeypatch.setitem(registry._REGISTERED, kind, dict(registered))
+    started_in, temp = tmp_path / "started-here", tmp_path / "temp"
+    started_in.mkdir()
+    temp.mkdir()
+    monkeypatch.chdir(started_in)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    page = os.path.join(ROOT, "docs", "algorithm-tutorial.md")
+    with open(page) as f:
+        blocks = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
+    assert len(blocks) == 5
+    session = {"__name__": "__main__"}
+    for block in blocks:
+        exec(compile(block, page, "exec"), session)
+    printed = capsys.readouterr().out
+    assert "mu = 0, boost = 0 is FedAvg byte for byte: True" in printed
+    assert "the same bytes on 2 Ray actors: True" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("{'round': ")]
+    assert len(rows) == 8 and "'agreement': 0.0," in rows[0]
+    assert not os.listdir(started_in)
+    (work,) = os.listdir(temp)
+    assert work.startswith("rayfl-algorithm-")
+    assert sorted(os.listdir(temp / work)) == ["cache", "runs"]
