@@ -1,6 +1,7 @@
 """The documentation site builds in strict mode (no broken link, anchor or API reference), its
-generated reference pages say what the code says, and its config snippets are valid configs.
-(Its commands and Python snippets run in tests/test_readme.py.)"""
+generated reference pages say what the code says, its config snippets are valid configs, and
+the algorithm tutorial's blocks run in order. (The commands and the stand-alone ``python``
+snippets run in tests/test_readme.py; a ``py`` block is a fragment or a step of a sequence.)"""
 
 from __future__ import annotations
 
@@ -17,11 +18,19 @@ from tests.conftest import ROOT, TINY
 
 
 def test_site_builds_strict(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT, "NO_MKDOCS_2_WARNING": "1"}
+    """Built for a sub-path (a site served at http://host/rayfl/): it builds strict, its 404
+    page's links all lead into the site, and the configs and examples it names are pages."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "NO_MKDOCS_2_WARNING": "1",
+           "RAYFL_SITE_URL": "http://127.0.0.1:8000/rayfl/"}
     out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
                           "-d", str(tmp_path / "site")], cwd=ROOT, env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
+    _check_404(tmp_path / "site")
+    started = (tmp_path / "site" / "getting-started" / "index.html").read_text()
+    assert 'href="../source/configs/quickstart.yaml/"' in started
+    shown = (tmp_path / "site" / "source" / "configs" / "quickstart.yaml" / "index.html")
+    assert "FedAvg" in re.sub(r"<[^>]+>", "", shown.read_text())
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text()
     for name in ("rayfl.run", "rayfl.algorithms.base.Algorithm.client_train",
                  "rayfl.algorithms.base.LocalRule", "rayfl.register_algorithm"):
@@ -29,6 +38,22 @@ def test_site_builds_strict(tmp_path):
     keys = (tmp_path / "site" / "reference" / "config" / "index.html").read_text()
     assert "runtime.cpus_per_actor" in keys and "aggregation.weighting" in keys
     _check_api_page(api)
+
+
+def _check_404(site) -> None:
+    """The 404 page is served for any missing URL at any depth, so its links are absolute:
+    each must be under the sub-path and name a file of the site (no network: no font site)."""
+    page = (site / "404.html").read_text()
+    fetched = re.findall(r'<(?:link|script|img)\b[^>]*?(?:href|src)="([^"#]+)"', page)
+    assert fetched and not [u for u in fetched if "://" in u], fetched
+    links = re.findall(r'(?:href|src)="([^"#]+)"', page)
+    links = [u for u in links if "://" not in u]  # the theme's credit links to its site
+    assert len(links) > 20
+    outside = [u for u in links if not u.startswith("/rayfl/")]
+    assert not outside, outside
+    missing = [u for u in links
+               if not (site / u.removeprefix("/rayfl/").split("?")[0]).exists()]
+    assert not missing, missing
 
 
 def _check_api_page(api: str) -> None:
@@ -56,8 +81,10 @@ def _check_api_page(api: str) -> None:
 def test_an_unresolved_reference_fails_the_build(tmp_path):
     """A docstring's role naming something the site does not document stops the strict build
     (the site's own configuration, on a page documenting a module that refers to nothing)."""
+    from mkdocs.utils.yaml import get_yaml_loader
+
     with open(os.path.join(ROOT, "mkdocs.yml")) as f:
-        site = yaml.safe_load(f)
+        site = yaml.load(f, Loader=get_yaml_loader())  # mkdocs's loader reads !ENV
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "index.md").write_text("# x\n\n::: rayfl.run\n\n::: stray\n")
@@ -165,3 +192,65 @@ def test_readme_opens_with_the_two_commands():
     assert any(line.startswith("make demo") for line in head)
     assert any(line.startswith("make test") for line in head)
     assert "index.html" not in text  # the site is served (search needs a server), not opened
+
+
+def test_source_paths_become_links_outside_code_blocks():
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        import source_pages
+    finally:
+        sys.path.remove(os.path.join(ROOT, "tools"))
+    known = set(source_pages.sources())
+    assert {"configs/quickstart.yaml", "configs/test/tiny.yaml", "examples/my_algo.py",
+            "examples/README.md"} <= known and "examples/__init__.py" not in known
+    text = ("Run `configs/quickstart.yaml`, not `configs/nothing.yaml`; see "
+            "[`examples/my_algo.py`](x.md).\n\n```sh\nrayfl run `configs/quickstart.yaml`\n```\n"
+            "- list:\n\n  ```py\n  `examples/my_algo.py`\n  ```\n")
+    out = source_pages.link(text, "howto/page.md", known)
+    assert out.startswith("Run [`configs/quickstart.yaml`](../source/configs/quickstart.yaml.md)"
+                          ", not `configs/nothing.yaml`; see [`examples/my_algo.py`](x.md).")
+    assert out.split("\n", 1)[1] == text.split("\n", 1)[1]  # code blocks untouched
+    assert "(source/examples/my_algo.py.md)" in source_pages.link("`examples/my_algo.py`",
+                                                                   "index.md", known)
+
+
+def test_the_config_table_lists_every_field_in_order():
+    import dataclasses
+
+    with open(os.path.join(ROOT, "docs", "reference", "api.md")) as f:
+        page = f.read().split("::: rayfl.Config", 1)[1].split(":::", 1)[0]
+    assert "show_signature: false" in page
+    listed = re.findall(r"^\| `(\w+)` \|", page, flags=re.M)
+    assert listed == [f.name for f in dataclasses.fields(config.Config)]
+
+
+def test_the_algorithm_tutorial_runs_in_order(ray_local, tmp_path, monkeypatch, capsys):
+    """docs/algorithm-tutorial.md's blocks, pasted in order into one session started in some
+    directory: they write only under the fresh folder they make, and print what they claim."""
+    import tempfile
+
+    from rayfl import registry
+
+    for kind, registered in registry._REGISTERED.items():  # the page registers agreeavg
+        monkeypatch.setitem(registry._REGISTERED, kind, dict(registered))
+    started_in, temp = tmp_path / "started-here", tmp_path / "temp"
+    started_in.mkdir()
+    temp.mkdir()
+    monkeypatch.chdir(started_in)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    page = os.path.join(ROOT, "docs", "algorithm-tutorial.md")
+    with open(page) as f:
+        blocks = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
+    assert len(blocks) == 5
+    session = {"__name__": "__main__"}
+    for block in blocks:
+        exec(compile(block, page, "exec"), session)
+    printed = capsys.readouterr().out
+    assert "mu = 0, boost = 0 is FedAvg byte for byte: True" in printed
+    assert "the same bytes on 2 Ray actors: True" in printed
+    rows = [line for line in printed.splitlines() if line.startswith("{'round': ")]
+    assert len(rows) == 8 and "'agreement': 0.0," in rows[0]
+    assert not os.listdir(started_in)
+    (work,) = os.listdir(temp)
+    assert work.startswith("rayfl-algorithm-")
+    assert sorted(os.listdir(temp / work)) == ["cache", "runs"]

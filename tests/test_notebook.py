@@ -59,7 +59,7 @@ def test_tutorial_notebook_runs_anywhere_writes_under_its_directory_and_is_commi
     assert "best local.lr:" in printed and "trials: {'COMPLETE': 3}" in printed
     assert ("image/png", "") in _outputs(fresh)[2]  # the comparison plot
     assert not os.listdir(started_in)
-    work = tmp_path / "rayfl-tutorial"
+    (work,) = tmp_path.glob("rayfl-tutorial-*")  # the fresh folder the notebook made
     assert sorted(os.listdir(work)) == ["cache", "runs", "studies"]
     assert (work / "studies" / "tutorial_lr" / "trials.parquet").is_file()
 

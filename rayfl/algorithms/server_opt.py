@@ -3,7 +3,7 @@
 A server optimizer turns the direction D an algorithm computes each round (FedAvg: Δ̄) into the
 step the server takes, x ← x − step, keeping its own state (``m``, ``v``) beside x in the server
 state. FedAvgM, FedAdam, FedYogi and FedAdagrad are FedAvg with one of these; any algorithm whose
-class sets ``accepts_server_opt`` takes any of them through the ``server_opt`` config section.
+traits say ``server_opt=True`` takes any of them through the ``server_opt`` config section.
 
     sgd        step = η_g D
     momentum   m ← β m + D;   step = η_g m          (nesterov: η_g (D + β m), PyTorch's form)
@@ -17,7 +17,8 @@ m = v = 0, as the IMA authors' code does.
 A server optimiser is a component like any other: ``server_opt.name`` names a built-in, a
 ``package.module:Name`` reference or a name given to :func:`rayfl.register_server_opt`, a
 callable ``(section, lr) -> ServerOpt`` from the validated ``server_opt`` section (its own keys,
-and the component's ``Params`` in ``section.params``) and the server learning rate.
+and the component's ``Params`` in ``section.params``: a function declares them as an attribute,
+``fn.Params = MyParams``) and the server learning rate.
 """
 
 from __future__ import annotations
