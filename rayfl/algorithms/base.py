@@ -30,8 +30,9 @@ mean multiplies by ``task.weight`` and divides by ``agg.weight_sum``.
 A few methods exist for the algorithms that need them, each declared in the traits
 (``capabilities``): ``extra_models(x, state)`` (further models to evaluate),
 ``personal_model(state, x, group, buffers)`` (a personalised method's model of one client and
-its buffers, scored by the per-client evaluation), ``client_setup(x, y)`` / ``server_setup(state, ids, summaries)`` (a
-one-off per-client summary before round 0: fedmsi's similarity graph) and
+its buffers, scored by the per-client evaluation), ``client_setup(x, y)`` /
+``server_setup(state, ids, summaries)`` (a one-off per-client summary before round 0: fedmsi's
+similarity graph) and
 ``round_message(x, state, agg, t)`` / ``client_settle(state, message)`` (a client-state update
 that needs the round's aggregate, applied when the client next takes part: ProxSkip).
 """
