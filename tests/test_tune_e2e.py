@@ -112,3 +112,22 @@ def test_small_study_prunes_resumes_and_yields_a_runnable_best_config(ray_local,
 
     best = os.path.join(setup.dir, "best.yaml")
     assert main(["run", best, "--quiet", f"output_dir={tmp_path / 'best'}"]) == 0
+
+
+def test_a_study_over_an_algorithm_registered_in_this_process_runs_its_trials(ray_local,
+                                                                                tmp_path):
+    """The trials run on Ray workers, which never saw the registration: the validated config
+    they receive carries the component."""
+    import rayfl
+    from rayfl.algorithms.fedavg import FedAvg
+
+    class RegisteredHere(FedAvg):
+        """FedAvg under a name only this process knows."""
+
+    rayfl.register_algorithm(RegisteredHere, name="registered_here")
+    raw = _raw(tmp_path, "reg", enqueue=[{"local.lr": 0.1}], trials=1, parallel=1,
+               pruner={"name": "none"}, presets=[])
+    raw["overrides"] = [o for o in raw["overrides"] if not o.startswith("algorithm.name")] + \
+        ["algorithm.name=registered_here"]
+    summary = run_study(spec.build(raw))
+    assert summary["trials"]["COMPLETE"] == 1

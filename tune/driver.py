@@ -138,7 +138,7 @@ def _launch(setup: StudySetup, study: optuna.Study) -> _Live:
         except ConfigError as e:
             lv.error = f"invalid config: {e}"
             return lv
-        lv.run = TrialRun(raw, cfg, run_dir, tag)
+        lv.run = TrialRun(cfg, run_dir, tag)
         return lv
     except BaseException:
         _hand_back(study, lv)

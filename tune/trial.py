@@ -23,10 +23,12 @@ STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before it
 
 
 @ray.remote(num_cpus=0, max_retries=0)
-def _run(raw: dict, run_dir: str) -> dict:
+def _run(cfg: Config, run_dir: str) -> dict:
+    """The trial's run; ``cfg`` travels validated, so a component the study's process
+    registered (``rayfl.register_algorithm``) comes with it to the worker."""
     from rayfl.simulation import run
 
-    return run(raw, run_dir=run_dir, quiet=True).summary
+    return run(cfg, run_dir=run_dir, quiet=True).summary
 
 
 def bundles(cfg: Config) -> list[dict[str, float]]:
@@ -39,11 +41,11 @@ def bundles(cfg: Config) -> list[dict[str, float]]:
 class TrialRun:
     """A launched trial: its placement group, its task, and what of its metrics was read."""
 
-    def __init__(self, raw: dict, cfg: Config, run_dir: str, tag: str):
+    def __init__(self, cfg: Config, run_dir: str, tag: str):
         self.pg = placement_group(bundles(cfg), strategy="PACK", name=tag)
         strategy = PlacementGroupSchedulingStrategy(self.pg,
                                                     placement_group_capture_child_tasks=True)
-        self.ref = _run.options(scheduling_strategy=strategy, name=tag).remote(raw, run_dir)
+        self.ref = _run.options(scheduling_strategy=strategy, name=tag).remote(cfg, run_dir)
         self.path = os.path.join(run_dir, "metrics.parquet")
         self.seen = 0
 
