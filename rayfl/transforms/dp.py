@@ -32,6 +32,7 @@ from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.layers import Facts
 
 if TYPE_CHECKING:
+    from rayfl.privacy.audit import Canaries
     from rayfl.privacy.banded import BandedNoise
     from rayfl.privacy.tree import TreeNoise
 from rayfl.transforms import ClientContext, Transform
@@ -72,6 +73,8 @@ class GaussianDP(Transform):
 
     name = "dp_gaussian"
     Params = GaussianDPParams
+    #: the privacy audit's canary clients (``privacy.audit_canaries``; None: no audit)
+    canaries: "Canaries | None" = None
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "GaussianDP":
@@ -83,7 +86,15 @@ class GaussianDP(Transform):
         return cls(GaussianDPParams(
             privacy.noise_multiplier, privacy.clip_norm, facts.clients_per_round,
             None if ad is None else ad.target_quantile, 0.2 if ad is None else ad.learning_rate,
-            None if ad is None else ad.count_noise), facts)
+            None if ad is None else ad.count_noise), facts).audited(privacy)
+
+    def audited(self, privacy) -> "GaussianDP":
+        """This mechanism with the audit's canary clients of ``privacy`` (none when
+        ``audit_canaries`` is 0)."""
+        from rayfl.privacy.audit import Canaries
+
+        self.canaries = Canaries.of(privacy, self.facts)
+        return self
 
     @property
     def adaptive(self) -> bool:
@@ -141,8 +152,13 @@ class GaussianDP(Transform):
     def aggregate(self, slot: ClipNorm | None, agg: Aggregate, sums: dict, srv
                   ) -> tuple[Aggregate, ClipNorm | None, dict]:
         t, k, used = srv.t, float(self.p.expected_clients), self.clip(slot)
-        noise, slot = self.round_noise(slot, t, agg.delta_sum.numel(), used)
-        noisy = agg.delta_sum + torch.from_numpy(noise).to(agg.delta_sum.dtype)
+        dim = agg.delta_sum.numel()
+        noise, slot = self.round_noise(slot, t, dim, used)
+        total = agg.delta_sum
+        if self.canaries is not None:  # the audit's canaries: clipped updates like the rest
+            total = total + torch.from_numpy(self.canaries.round_sum(t, dim, used)).to(
+                total.dtype)
+        noisy = total + torch.from_numpy(noise).to(agg.delta_sum.dtype)
         if self.adaptive:
             b = self.count_estimate(float(sums.get("unclipped", 0.0)), t)
             slot = ClipNorm(used * math.exp(-self.p.clip_lr * (b - self.p.target_quantile)))
@@ -182,7 +198,7 @@ class CorrelatedDP(GaussianDP):
             source = BandedNoise(facts.seed, coefficients(
                 bands_of(privacy), privacy.band_coefficients or "optimized", facts.rounds))
         return cls(GaussianDPParams(privacy.noise_multiplier, privacy.clip_norm,
-                                    facts.clients_per_round), facts, source)
+                                    facts.clients_per_round), facts, source).audited(privacy)
 
     def init(self, x0: Vec) -> dict:
         return self.source.fresh_state()
