@@ -76,8 +76,12 @@ def test_epsilon_of_two_gaussians_solves_the_curve_and_orders_as_it_should():
     assert audit.epsilon_two_gaussians((0.0, 1.0), (0.0, 1.1), DELTA) > 0.5
     assert audit.epsilon_two_gaussians(p, (0.8, 1.2), DELTA) > eps
     assert audit.epsilon_two_gaussians(p, q, 1e-3) < eps
-    with pytest.raises(ValueError, match="positive stds"):
-        audit.epsilon_two_gaussians((0.0, 0.0), q, DELTA)
+    assert audit.epsilon_two_gaussians((0.1, 0.0), q, DELTA) == math.inf  # a point mass
+    assert audit.epsilon_two_gaussians((0.1, 0.0), (0.1, 0.0), DELTA) == 0.0
+    with pytest.raises(ValueError, match="stds ≥ 0"):
+        audit.epsilon_two_gaussians((0.0, -1.0), q, DELTA)
+    still = audit.Estimate.of(np.zeros(4), np.zeros(4), DELTA)  # a model that never moved
+    assert still.epsilon == still.epsilon_equal_variance == 0.0
 
 
 # ----- canaries -------------------------------------------------------------------------------
@@ -234,7 +238,7 @@ def test_the_audit_command_prints_both_epsilons(audited, capsys):
     assert f"empirical ε  {a['epsilon_empirical']:.3f} at δ = 1e-05" in out
     assert f"analytical ε {run.summary['epsilon']:.3f} at δ = 1e-05" in out
     assert "500 canaries and 500 null directions, 5 rounds, model dimension 5005" in out
-    assert "the guarantee holds above the estimate" in out
+    assert "the guarantee is at or above the estimate" in out
 
 
 def test_the_audit_command_refuses_what_is_no_audited_run(tmp_path, capsys, cache):

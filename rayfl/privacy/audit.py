@@ -132,10 +132,16 @@ def delta_two_gaussians(eps: float, p: tuple[float, float], q: tuple[float, floa
 
 def epsilon_two_gaussians(p: tuple[float, float], q: tuple[float, float],
                           delta: float) -> float:
-    """The smallest ε ≥ 0 with δ(ε) ≤ ``delta`` for P = N(p), Q = N(q), each (mean, std)."""
-    if not all(math.isfinite(v) for v in (*p, *q)) or p[1] <= 0 or q[1] <= 0:
-        raise ValueError(f"two Gaussians need finite means and positive stds, got {p}, {q}")
-    gap = lambda e: delta_two_gaussians(e, p, q) - delta  # noqa: E731
+    """The smallest ε ≥ 0 with δ(ε) ≤ ``delta`` for P = N(p), Q = N(q), each (mean, std); a
+    std of 0 is a point mass (inf unless both are the same point)."""
+    if not all(math.isfinite(v) for v in (*p, *q)) or p[1] < 0 or q[1] < 0:
+        raise ValueError(f"two Gaussians need finite means and stds ≥ 0, got {p}, {q}")
+    if p[1] == 0 or q[1] == 0:
+        return 0.0 if p == q else math.inf
+
+    def gap(e: float) -> float:
+        return delta_two_gaussians(e, p, q) - delta
+
     if gap(0.0) <= 0:
         return 0.0
     hi = 1.0
@@ -176,8 +182,11 @@ class Estimate:
         fit = [(float(np.mean(x)), float(np.std(x, ddof=1))) for x in (null, canary)]
         pooled = math.sqrt(((n0 - 1) * fit[0][1] ** 2 + (n1 - 1) * fit[1][1] ** 2)
                            / (n0 + n1 - 2))
+        gap = abs(fit[1][0] - fit[0][0])
+        pooled_eps = gaussian_mechanism_epsilon(gap / pooled, delta) if pooled > 0 else \
+            (0.0 if gap == 0 else math.inf)
         return cls(*fit[0], *fit[1], delta, epsilon_two_gaussians(fit[0], fit[1], delta),
-                   gaussian_mechanism_epsilon(abs(fit[1][0] - fit[0][0]) / pooled, delta))
+                   pooled_eps)
 
 
 # ----- the canaries of a run ------------------------------------------------------------------
@@ -269,24 +278,30 @@ def describe(run_dir: str) -> list[str]:
                  f"  canary cosines   mean {a['canary_mean']:+.5f}  std {a['canary_std']:.5f}",
                  f"  null cosines     mean {a['null_mean']:+.5f}  std {a['null_std']:.5f}",
                  f"  empirical ε  {_eps(emp)} at δ = {delta:g}: what the final model shows "
-                 "(an estimate with sampling error, not a bound)",
+                 "(an estimate from below, with sampling error: not a proof)",
                  f"               {_eps(a['epsilon_empirical_equal_variance'])} with one "
                  "pooled variance (steadier, blind to a wider canary spread)",
                  f"  analytical ε {_eps(analytical)} at δ = {delta:g}: the accountant's "
                  "guarantee (summary.json)"]
     except (KeyError, TypeError, ValueError):
         raise ConfigError(path, "(its contents)", "the audit a run wrote") from None
-    if emp is not None and analytical is not None and emp > analytical:
+    if _inf(emp) > _inf(analytical):
         lines.append("  the estimate exceeds the guarantee: the mechanism leaks more than its "
                      "accountant says, or the estimate is off by its sampling error (audit again "
                      "with more canaries)")
     else:
-        lines.append("  the guarantee holds above the estimate, as it must")
+        lines.append("  the guarantee is at or above the estimate, as a correct accountant's "
+                     "must be")
     return lines
 
 
+def _inf(value) -> float:
+    """A JSON ε: null is inf (strict JSON writes inf as null)."""
+    return math.inf if value is None else float(value)
+
+
 def _eps(value) -> str:
-    return "inf" if value is None else f"{value:.3f}"
+    return f"{_inf(value):.3f}"
 
 
 def _read(path: str) -> dict:

@@ -15,6 +15,9 @@ as for the update) and sets S_{t+1} = S_t · exp(−η_C (b̃ − γ)), so S tra
 update norms. The update's noise multiplier becomes z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so the pair
 of Gaussian releases costs exactly what one Gaussian mechanism with multiplier z costs (the
 paper's Theorem 1): the accountant's ε for z stays correct.
+
+With ``privacy.audit_canaries`` the server half also adds the audit's canary clients' updates
+to the clipped sum before the noise (:mod:`rayfl.privacy.audit`).
 """
 
 from __future__ import annotations
