@@ -1,7 +1,7 @@
 """rayfl: federated learning simulations on Ray.
 
 Commands: run, resume, fork, compare, analyze, tune, keys, data (and data fetch), timeline,
-algorithms (``rayfl COMMAND --help``).
+algorithms, privacy (``rayfl COMMAND --help``).
 """
 
 from __future__ import annotations
@@ -133,6 +133,13 @@ def _cmd_tune(args) -> int:
     from tune.cli import run
 
     return run(args.study, args.overrides, args.quiet)
+
+
+def _cmd_privacy(args) -> int:
+    from rayfl.privacy.audit import describe
+
+    print("\n".join(describe(args.run_dir)))
+    return 0
 
 
 def _print_summary(s: dict) -> None:
@@ -332,6 +339,14 @@ def parser() -> argparse.ArgumentParser:
     m.set_defaults(fn=_cmd_timeline)
     a = sub.add_parser("algorithms", help="list the algorithms")
     a.set_defaults(fn=_cmd_algorithms)
+    v = sub.add_parser("privacy", help="check a run's privacy: `rayfl privacy audit RUN_DIR` "
+                                       "prints the ε its canary clients show beside the "
+                                       "accountant's ε")
+    audit = v.add_subparsers(dest="privacy", required=True).add_parser(
+        "audit", help="the empirical ε of a run made with privacy.audit_canaries > 0 beside "
+                      "its analytical ε")
+    audit.add_argument("run_dir", help="the run directory")
+    v.set_defaults(fn=_cmd_privacy)
     return p
 
 

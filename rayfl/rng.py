@@ -24,6 +24,9 @@ QSGD = 0xC5  # QSGD's stochastic quantisation
 RANDK = 0xC6  # rand-k's coordinates
 ATTACKERS = 0xBAD  # which clients attack
 ATTACK_NOISE = 0xBAD1  # a Gaussian attacker's noise
+AUDIT_CANARY = 0xA0D1  # the privacy audit's canary directions (key: seed, canary, AUDIT_CANARY)
+AUDIT_NULL = 0xA0D0  # its null directions, never inserted (key: seed, index, AUDIT_NULL)
+AUDIT_SAMPLE = 0xA0D5  # which canaries take part (key: seed, round, AUDIT_SAMPLE)
 
 
 # ----- who takes part: availability, sampling, devices ------------------------------------------

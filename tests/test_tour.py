@@ -30,7 +30,7 @@ EXPORTED = {"ray_rayfl_round", "ray_rayfl_test_accuracy", "ray_rayfl_train_loss"
             "ray_rayfl_round_seconds", "ray_rayfl_clients_trained",
             "ray_rayfl_clients_trained_total"}
 COMMANDS = {"run", "resume", "fork", "compare", "analyze", "tune", "keys", "data", "timeline",
-            "algorithms"}
+            "algorithms", "privacy"}
 
 
 def test_help_names_every_command(capsys):

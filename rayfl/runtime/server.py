@@ -23,6 +23,7 @@ from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
+from rayfl.privacy import audit
 from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
@@ -58,6 +59,8 @@ class Server:
             self.accountant.rounds_within(dp.target_epsilon, cfg.rounds)
         self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
         self.epsilon_label = {} if dp is None else {"dp_label": epsilon_label(dp)}
+        self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
+        self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         poisson = dp is not None and dp.sampling == "poisson"
         w = self.model.w
         self.sampler = make_sampler(
@@ -159,7 +162,7 @@ class Server:
                 row = self.round(t)
             except NobodyOnline as e:  # an event-driven server that waited in vain
                 return self.log.finish(self._final_model(), buffers=self._final_buffers(),
-                                       stopped=(t, str(e)), extra=self._participation_report(t))
+                                       stopped=(t, str(e)), extra=self._privacy_report(t))
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
@@ -189,18 +192,23 @@ class Server:
                 return self.log.finish(self._final_model(), diverged_at=t if diverged else None,
                                        buffers=self._final_buffers(),
                                        stopped=None if diverged else (t, starved),
-                                       extra=self._participation_report(t + 1))
+                                       extra=self._privacy_report(t + 1))
             if pause and not last:
                 return {"paused_after_round": t}
         return self.log.finish(self._final_model(), buffers=self._final_buffers(),
-                               extra=self._participation_report(end))
+                               extra=self._privacy_report(end))
 
-    def _participation_report(self, rounds: int) -> dict:
-        """``participation.parquet`` and its summary entry (mechanisms that bound
-        participation), after ``rounds`` rounds."""
-        if self.participation is None:
-            return {}
-        return privacy.report(self.participation, self.accountant, rounds, self.run_dir)
+    def _privacy_report(self, rounds: int) -> dict:
+        """``participation.parquet`` (mechanisms that bound participation) and
+        ``privacy_audit.json`` (``privacy.audit_canaries``) with their summary entries, after
+        ``rounds`` rounds."""
+        out = {} if self.participation is None else \
+            privacy.report(self.participation, self.accountant, rounds, self.run_dir)
+        if self.canaries is not None:
+            moved = self.stack.deployed(self.state).detach().cpu().double() - self.x0
+            out.update(audit.write(self.run_dir, self.canaries, moved.numpy(), rounds,
+                                   self.cfg.privacy.delta, self.accountant.epsilon(rounds)))
+        return out
 
     def round(self, t: int) -> dict:
         """One communication round (in async modes: one server update); returns its row."""

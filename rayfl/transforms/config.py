@@ -153,8 +153,17 @@ class PrivacyConfig:
                           "'loss', say): they leave the clients unnoised, so ε is labelled as "
                           "excluding them (summary.json, the progress line); any other such "
                           "report is refused, since the account does not cover it")
+    audit_canaries: int = field(
+        0, doc="the empirical privacy audit: this many canary clients, each a fixed random "
+               "direction of norm clip_norm that takes part like a client and enters the sum "
+               "before the noise; the run writes privacy_audit.json with the ε the final "
+               "model shows (`rayfl privacy audit RUN_DIR`; 0: none)", lo=0)
 
     def check(self, prefix: str) -> None:
         from rayfl.privacy.rules import check_section
 
+        if self.audit_canaries == 1:
+            raise ConfigError(f"{prefix}.audit_canaries", 1, "0 (no audit) or at least 2 (a "
+                                                             "Gaussian is fitted to their "
+                                                             "cosines)")
         check_section(self, prefix)

@@ -15,6 +15,9 @@ as for the update) and sets S_{t+1} = S_t · exp(−η_C (b̃ − γ)), so S tra
 update norms. The update's noise multiplier becomes z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so the pair
 of Gaussian releases costs exactly what one Gaussian mechanism with multiplier z costs (the
 paper's Theorem 1): the accountant's ε for z stays correct.
+
+With ``privacy.audit_canaries`` the server half also adds the audit's canary clients' updates
+to the clipped sum before the noise (:mod:`rayfl.privacy.audit`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from rayfl.contract import ComponentError
 from rayfl.layers import Facts, LayerTraits
 
 if TYPE_CHECKING:
+    from rayfl.privacy.audit import Canaries
     from rayfl.privacy.banded import BandedNoise
     from rayfl.privacy.tree import TreeNoise
 from rayfl.transforms import ClientContext, Transform
@@ -78,6 +82,8 @@ class GaussianDP(Transform):
     public_reports: tuple[str, ...] = ()
     #: the mechanism's name in the privacy section, for its refusals
     mechanism = "dp_fedavg"
+    #: the privacy audit's canary clients (``privacy.audit_canaries``; None: no audit)
+    canaries: "Canaries | None" = None
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "GaussianDP":
@@ -92,8 +98,12 @@ class GaussianDP(Transform):
             None if ad is None else ad.count_noise), facts).declaring(privacy)
 
     def declaring(self, privacy) -> "GaussianDP":
-        """This mechanism with its privacy section's name and public reports."""
+        """This mechanism with its privacy section's name, its public reports and the audit's
+        canary clients (none when ``audit_canaries`` is 0)."""
+        from rayfl.privacy.audit import Canaries
+
         self.mechanism, self.public_reports = privacy.mechanism, tuple(privacy.public_reports)
+        self.canaries = Canaries.of(privacy, self.facts)
         return self
 
     def check_reports(self, sent: list[tuple[str, str]], t: int | None) -> None:
@@ -164,8 +174,13 @@ class GaussianDP(Transform):
     def aggregate(self, slot: ClipNorm | None, agg: Aggregate, sums: dict, srv
                   ) -> tuple[Aggregate, ClipNorm | None, dict]:
         t, k, used = srv.t, float(self.p.expected_clients), self.clip(slot)
-        noise, slot = self.round_noise(slot, t, agg.delta_sum.numel(), used)
-        noisy = agg.delta_sum + torch.from_numpy(noise).to(agg.delta_sum.dtype)
+        dim = agg.delta_sum.numel()
+        noise, slot = self.round_noise(slot, t, dim, used)
+        total = agg.delta_sum
+        if self.canaries is not None:  # the audit's canaries: clipped updates like the rest
+            total = total + torch.from_numpy(self.canaries.round_sum(t, dim, used)).to(
+                total.dtype)
+        noisy = total + torch.from_numpy(noise).to(agg.delta_sum.dtype)
         if self.adaptive:
             b = self.count_estimate(float(sums.get("unclipped", 0.0)), t)
             slot = ClipNorm(used * math.exp(-self.p.clip_lr * (b - self.p.target_quantile)))
