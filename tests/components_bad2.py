@@ -15,8 +15,7 @@ from rayfl.algorithms.base import ClientResult, Rows, ServerParams
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.algorithms.wrapper import ServerWrapper
-from rayfl.data.datasets import Arrays
-from rayfl.data.datasets import synthetic
+from rayfl.data.datasets import Arrays, synthetic
 from rayfl.schema import field
 
 
@@ -108,7 +107,7 @@ class AnyLambda(AnyState):
 
 
 class AnyArray(AnyState):
-    """An array is what a state file holds (accepted)."""
+    """A numpy array, not the tensor a state file holds."""
 
     def value(self):
         return np.arange(3.0)
