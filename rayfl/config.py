@@ -153,10 +153,18 @@ def from_dict(raw: dict) -> Config:
                                    for e in raw["wrappers"]]}
     cfg = schema.build(Config, raw)
     from rayfl.algorithms import legacy
+    from rayfl.algorithms.base import declaration_problem
+    from rayfl.contract import calling, name_of
 
     legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
-    cfg.algorithm.component().check_config(cfg.algorithm.params, cfg, "algorithm")
-    cfg.selection.component().check_config(cfg.selection.params, cfg, "selection")
+    algorithm = cfg.algorithm.component()
+    problem = declaration_problem(algorithm)  # its traits and how it is built
+    if problem:
+        raise ConfigError("algorithm.name", cfg.algorithm.name, problem)
+    for section, where in ((cfg.algorithm, "algorithm"), (cfg.selection, "selection")):
+        component = section.component()
+        with calling(name_of(component, "check_config")):  # its own rules may raise anything
+            component.check_config(section.params, cfg, where)
     from rayfl import compat
     from rayfl.algorithms import wrapper
     from rayfl.transforms import check_run

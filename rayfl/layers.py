@@ -183,6 +183,17 @@ class Layer:
         return self.init(None)
 
 
+def declaration_problem(cls: type) -> str | None:
+    """What is wrong with what a layer class declares of itself (its traits record, how it is
+    built), or None."""
+    from rayfl.algorithms.base import built_as
+
+    if not isinstance(cls.traits, LayerTraits):
+        return (f"a layer whose traits is a LayerTraits record (rayfl.layers.LayerTraits(...)); "
+                f"its traits is {describe(cls.traits)}")
+    return built_as(cls, "a layer", "cls(params, facts)", None, Facts())
+
+
 # ----- the state tree ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ServerState:
@@ -308,6 +319,52 @@ def _values(arr: np.ndarray | None) -> str:
     return f" with min {np.min(arr)}" if arr is not None and arr.ndim == 1 and arr.size else ""
 
 
+def tensors(value: Any, component: str, what: str, round: int | None = None) -> dict:
+    """``value`` checked to be a dict of names to tensors (what a broadcast, a round message or
+    a layer's payload holds: only tensors travel to the clients and into state files)."""
+    expect(isinstance(value, dict), component,
+           f"returned {what} as {describe(value)}; expected a dict of name -> torch.Tensor",
+           round)
+    for k, v in value.items():
+        expect(isinstance(k, str) and isinstance(v, torch.Tensor), component,
+               f"returned {what} whose {k!r} is {describe(v)}; expected a torch.Tensor "
+               "(torch.as_tensor(...) it)", round)
+    return value
+
+
+def unencodable(value: Any, where: str = "") -> str | None:
+    """What in ``value`` a checkpoint cannot hold (None: nothing); a slot's dataclass field by
+    field."""
+    from rayfl.runtime import checkpoint
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return next((p for f in dataclasses.fields(value)
+                     if (p := unencodable(getattr(value, f.name), f"{where}.{f.name}"))), None)
+    return checkpoint.unencodable(value, where)
+
+
+def checkpointable(value: Any, component: str, what: str, round: int | None = None) -> Any:
+    """``value`` checked to be what a checkpoint holds (tensors, arrays, numbers, strings,
+    lists, tuples, str-keyed dicts and dataclasses of them)."""
+    found = unencodable(value)
+    expect(found is None, component,
+           f"returned {what} holding {found}, which a checkpoint cannot hold (tensors, arrays, "
+           "numbers, strings, lists, dicts and dataclasses of them)", round)
+    return value
+
+
+def _payload_sums(layer: Layer, sums: dict, t: int | None) -> None:
+    """A layer's payload sums checked: tensors or numbers (what the client half adds to
+    ``ctx.payload``, summed over the round's clients, as an algorithm's payload is)."""
+    name = name_of(layer, "client_apply")
+    expect(isinstance(sums, dict), name,
+           f"filled its payload with {describe(sums)}; expected a dict of name -> value", t)
+    for k, v in sums.items():
+        expect(isinstance(v, (torch.Tensor, numbers.Real)) and not isinstance(v, bool), name,
+               f"put payload entry {k!r} that is {describe(v)}: payload values are tensors or "
+               "numbers, summed over the round's clients", t)
+
+
 def _rate(layer: Layer, lr: Any, t: int) -> float:
     """A layer's client learning rate, checked to be a finite number ≥ 0."""
     name = name_of(layer, "client_lr")
@@ -340,22 +397,35 @@ class Stack:
     # ----- server ------------------------------------------------------------------------
     def init(self, x0: Vec, buffers: Vec | None = None) -> ServerState:
         """The state of a fresh run from the model x_0 (and its buffers)."""
-        wrappers, transforms = self._split([layer.init(x0) for layer in self.layers])
+        slots = []
+        for layer in self.layers:
+            name = name_of(layer, "init")
+            with calling(name):
+                slots.append(checkpointable(layer.init(x0), name, "a slot"))
+        wrappers, transforms = self._split(slots)
         name = name_of(self.algorithm, "server_init")
         with calling(name):
             own = self.algorithm.server_init(x0)
-        expect(own is None or dataclasses.is_dataclass(own) and not isinstance(own, type), name,
-               f"returned {describe(own)}; expected a frozen dataclass instance (its state) "
-               "or None")
-        return ServerState(x0.clone(), own, self.optimizer.init(x0), wrappers, transforms,
-                           buffers)
+        expect(own is None or dataclasses.is_dataclass(own) and not isinstance(own, type)
+               and type(own).__dataclass_params__.frozen, name,
+               f"returned {describe(own)}"
+               f"{', a dataclass that is not frozen' if dataclasses.is_dataclass(own) else ''}; "
+               "expected a frozen dataclass instance (its state: @dataclass(frozen=True)) or "
+               "None")
+        checkpointable(own, name, "a state")
+        name = name_of(self.optimizer.init)
+        with calling(name):
+            opt = checkpointable(self.optimizer.init(x0), name, "a server optimiser state")
+        return ServerState(x0.clone(), own, opt, wrappers, transforms, buffers)
 
     def broadcast(self, state: ServerState, t: int) -> Broadcast:
         """What the clients trained from server update ``t`` receive."""
-        return Broadcast(self._algorithm_broadcast(state, t),
-                         tuple(layer.broadcast(slot, t) for layer, slot
-                               in zip(self.layers, self._slots(state))),
-                         state.buffers)
+        algorithm, own = self._algorithm_broadcast(state, t), []
+        for layer, slot in zip(self.layers, self._slots(state)):
+            name = name_of(layer, "broadcast")
+            with calling(name, round=t):
+                own.append(tensors(layer.broadcast(slot, t), name, "its broadcast", t))
+        return Broadcast(algorithm, tuple(own), state.buffers)
 
     def start(self, state: ServerState, t: int) -> Vec:
         """Where the clients of server update ``t`` start from."""
@@ -370,7 +440,7 @@ class Stack:
                f"returned {describe(bc)}{'' if not isinstance(bc, dict) else ' without x'}; "
                "expected a dict with the model the clients start from under 'x'", t)
         returned_vector(bc["x"], state.x, name, "its 'x'", t)
-        return bc
+        return tensors(bc, name, "its broadcast", t)
 
     def weights(self, state: ServerState, clients: np.ndarray, sizes: np.ndarray
                 ) -> np.ndarray:
@@ -403,6 +473,7 @@ class Stack:
         """Server update ``t``: the layers' server halves on the way in (last layer first), the
         algorithm's update with the server optimiser, the layers' halves on the way out;
         returns (state, the aggregate as the algorithm saw it, metrics)."""
+        self.payload_sums(sums, t)
         self.check_reports(agg.extras, sums, t)
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
@@ -464,13 +535,33 @@ class Stack:
 
     def extra_models(self, state: ServerState) -> dict[str, Vec]:
         """Further models worth evaluating each evaluation round, by metric prefix."""
-        algo = self.algorithm
-        out = dict(algo.extra_models(state.x, state.algorithm)
-                   if algo.traits.has("extra_models") else {})
+        algo, out = self.algorithm, {}
+        if algo.traits.has("extra_models"):
+            out.update(self._extra(algo, lambda: algo.extra_models(state.x, state.algorithm),
+                                   state.x))
         x = algo.deployed(state.x, state.algorithm)
         for layer, slot in zip(self.layers, self._slots(state)):
-            out.update(layer.extra_models(slot, x))
+            out.update(self._extra(layer, lambda layer=layer, slot=slot, x=x:
+                                   layer.extra_models(slot, x), state.x))
             x = layer.deployed(slot, x)
+        return out
+
+    def payload_sums(self, sums: tuple, t: int | None = None) -> None:
+        """Each layer's payload sums of round ``t`` checked (ComponentError naming its
+        ``client_apply``)."""
+        for layer, own in zip(self.layers, sums):
+            _payload_sums(layer, own, t)
+
+    @staticmethod
+    def _extra(component: Any, call: Callable[[], Any], like: Vec) -> dict[str, Vec]:
+        """A component's further models, checked: a dict of names to vectors shaped like x."""
+        name = name_of(component, "extra_models")
+        with calling(name):
+            out = call()
+        expect(isinstance(out, dict), name,
+               f"returned {describe(out)}; expected a dict of name -> model vector")
+        for k, v in out.items():
+            returned_vector(v, like, name, f"its model {k!r}")
         return out
 
     def upload_bytes(self, numel: int, element_size: int = 4) -> float:

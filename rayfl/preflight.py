@@ -7,8 +7,11 @@ in this process, on the run's real data and population:
 - a user's availability model or client selector plans round 1 (the selector's candidate
   losses, if it scores candidates, at the initial model), and the selector's state must fit in
   a checkpoint;
-- a user's algorithm, server wrapper, model or dataset trains one client — the smallest that
-  has rows — through the path a run trains clients in process.
+- a user's algorithm, server wrapper, server optimiser, model or dataset trains one client —
+  the smallest that has rows — through the path a run trains clients in process (the server
+  state it starts from built as a run builds it);
+- under Ray, each of the user's components, and the layers built from them, must pickle: Ray
+  sends them to its workers.
 
 A component that breaks its contract then fails as one line (a ComponentError or ConfigError)
 with nothing written and nothing started, not inside Ray in round 1 after the run directory
@@ -43,18 +46,21 @@ from rayfl.schema import ConfigError
 
 def user_components(cfg) -> dict[str, bool]:
     """Which parts of the run come from the user: ``sampling`` (availability model, selector)
-    and ``training`` (algorithm, server wrappers, model, dataset)."""
+    and ``training`` (algorithm, server wrappers, server optimiser, model, dataset)."""
     def mine(section) -> bool:
         return not registry.is_builtin(section.KIND, section.component_name)
 
     return {"sampling": mine(cfg.availability) or mine(cfg.selection),
-            "training": any(map(mine, (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data)))}
+            "training": any(map(mine, (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data,
+                                       *[s for s in (cfg.server_opt,) if s is not None])))}
 
 
 def run(cfg, handle) -> None:
     """Run each of the user's components of ``cfg`` once on the data behind ``handle``; a
     broken contract raises (ComponentError or ConfigError), nothing is written."""
     user = user_components(cfg)
+    if cfg.runtime.executor != "inprocess":
+        _sendable(cfg, handle)
     if not (user["sampling"] or user["training"]):
         return
     place: dict = {"round": 0}  # where the user's code runs, for an error that names it
@@ -125,8 +131,44 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
     lr = stack.client_lr(state, 0, cfg.local.lr, cfg.local.lr_decay)
     sums, _, _ = loop.train(0, stack.broadcast(state, 0), lr,
                             loop.groups(client, weights, None), None, client)
+    for acc in sums.values():  # what the layers' client halves put in their payloads
+        stack.payload_sums(acc.layer_sums(len(stack.layers)), 0)
     total = merge(sums[g] for g in sorted(sums))
     stack.check_reports([*total.extras, *total.rows], total.layer_sums(len(stack.layers)), 0)
+
+
+def _sections(cfg) -> list[tuple[str, object]]:
+    """(key, section) of every config section naming one of the user's components."""
+    named = [("algorithm.name", cfg.algorithm), ("model.name", cfg.model),
+             ("data.dataset", cfg.data), ("availability.model", cfg.availability),
+             ("selection.name", cfg.selection), ("server_opt.name", cfg.server_opt),
+             *((f"wrappers[{i}].name", w) for i, w in enumerate(cfg.wrappers))]
+    return [(key, s) for key, s in named
+            if s is not None and not registry.is_builtin(s.KIND, s.component_name)]
+
+
+def _sendable(cfg, handle) -> None:
+    """Ray sends the config (its sections carry the user's components) and the built layers
+    to its workers: each of the user's must pickle, or a ConfigError names its key before
+    the run directory exists (not a failure inside Ray after it)."""
+    from ray import cloudpickle
+
+    from rayfl import algorithms
+
+    sections = _sections(cfg)
+    if not sections:
+        return
+    stack = algorithms.build(cfg, handle.num_clients)
+    built = {"algorithm.name": stack.algorithm, "server_opt.name": stack.optimizer,
+             **{f"wrappers[{i}].name": w for i, w in enumerate(stack.wrappers)}}
+    for key, section in sections:
+        for what, obj in (("", section), (" once built", built.get(key))):
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as e:  # noqa: BLE001 - whatever pickling the user's object raises
+                raise ConfigError(key, section.component_name,
+                                  f"a component Ray can send to its workers (pickling it"
+                                  f"{what} failed: {type(e).__name__}: {e})") from None
 
 
 @contextlib.contextmanager

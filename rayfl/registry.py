@@ -213,8 +213,27 @@ def register(kind: str, obj: Any = None, *, name: str | None = None) -> Any:
         raise ValueError(f"register a {kind} with a name (without ':'), got {name!r}")
     if name in BUILTINS[kind]:
         raise ValueError(f"{name!r} is a built-in {kind}; register yours under another name")
+    problem = _declared(kind, obj)
+    if problem:
+        raise ValueError(f"{identity(obj)} cannot be registered as {kind!r}: expected {problem}")
     _REGISTERED[kind][name] = obj
     return obj
+
+
+def _declared(kind: str, obj: Any) -> str | None:
+    """What is wrong with what an algorithm or a wrapper class declares of itself (its
+    traits, how it is built), or None; other kinds and objects of another base are checked
+    where a config names them."""
+    from rayfl.algorithms.base import Algorithm
+    from rayfl.algorithms.base import declaration_problem as algorithm_problem
+    from rayfl.layers import Layer
+    from rayfl.layers import declaration_problem as layer_problem
+
+    if kind == "algorithm" and isinstance(obj, type) and issubclass(obj, Algorithm):
+        return algorithm_problem(obj)
+    if kind == "wrapper" and isinstance(obj, type) and issubclass(obj, Layer):
+        return layer_problem(obj)
+    return None
 
 
 def unregister(kind: str, name: str) -> None:
@@ -290,6 +309,10 @@ class Named:
                                          f"rayfl.schema fields (its Params {declared!r} is not "
                                          "a dataclass: add @dataclass(frozen=True))")
         params_cls = params_class(component)
+        redefined = _loosened(params_cls) if params_cls else None
+        if redefined:
+            raise ConfigError(key, name, f"a component whose Params keep the type and bounds of "
+                                         f"the fields they redefine ({redefined})")
         theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
         if own & theirs:
             raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name,
@@ -319,6 +342,46 @@ class Named:
         name = self.component_name
         carried = None if is_builtin(self.KIND, name) else resolve(self.KIND, name)
         return _restore, (type(self), dict(self.__dict__), carried)
+
+
+def _bounds(f: dataclasses.Field, hints: dict) -> str:
+    """A field's type (of ``hints``, its class's resolved annotations) and bounds, in words:
+    ``float > 0.0``."""
+    m, tp = f.metadata, hints.get(f.name, f.type)
+    out = [tp.__name__ if isinstance(tp, type) else str(tp)]
+    if m.get("lo") is not None:
+        out.append(f"{'>' if m.get('lo_open') else '≥'} {m['lo']}")
+    if m.get("hi") is not None:
+        out.append(f"{'<' if m.get('hi_open') else '≤'} {m['hi']}")
+    return " ".join(out)
+
+
+def _loosened(params: type) -> str | None:
+    """The first field ``params`` redefines from a dataclass it extends with another type or
+    other bounds (the inherited bounds would no longer hold: η_g = −1 ascends), in words; None
+    when every redefinition only changes the default (checked against the bounds kept)."""
+    own = vars(params).get("__annotations__", {})
+    mine = {f.name: f for f in dataclasses.fields(params)}
+    for base in params.__mro__[1:]:
+        if not dataclasses.is_dataclass(base):
+            continue
+        inherited = {f.name: f for f in dataclasses.fields(base)}
+        for n in (n for n in own if n in inherited):
+            now, before = _bounds(mine[n], _hints(params)), _bounds(inherited[n], _hints(base))
+            if now != before:
+                return (f"{params.__qualname__}.{n} is {now}, where the {base.__qualname__}.{n} "
+                        f"it redefines is {before}")
+    return None
+
+
+def _hints(cls: type) -> dict:
+    """``cls``'s annotations resolved (empty when they cannot be: compared as written)."""
+    import typing
+
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # noqa: BLE001 - a name the annotation's module lacks
+        return {}
 
 
 def _restore(cls: type, state: dict, carried: Any) -> Any:

@@ -11,14 +11,16 @@ def build(cfg, num_clients: int):
     from rayfl.algorithms import registry
     from rayfl.algorithms.checks import effective_weighting
     from rayfl.algorithms.wrapper import wrappers_of
+    from rayfl.contract import calling, name_of
     from rayfl.layers import Facts, Stack
     from rayfl.transforms import transforms_of
 
     cls = registry.get(cfg.algorithm.name)
     # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
     momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
-    algo = cls(cfg.algorithm.params, weighting=effective_weighting(cls, cfg),
-               num_clients=num_clients, local_momentum=momentum)
+    with calling(name_of(cls, "__init__")):  # the user's own failure while being built
+        algo = cls(cfg.algorithm.params, weighting=effective_weighting(cls, cfg),
+                   num_clients=num_clients, local_momentum=momentum)
     if cfg.server_opt is None:
         opt = algo.default_server_opt()
     else:
@@ -31,14 +33,26 @@ def build(cfg, num_clients: int):
 
 def server_opt_of(section, lr: float):
     """The ``server_opt`` section's optimiser at learning rate ``lr``, its contract checked: a
-    :class:`~rayfl.algorithms.server_opt.ServerOpt` (one ComponentError line otherwise)."""
+    :class:`~rayfl.algorithms.server_opt.ServerOpt` (one ComponentError line otherwise; a
+    ConfigError on ``server_opt.name`` when what it names cannot be called so)."""
     from rayfl.algorithms.server_opt import ServerOpt
-    from rayfl.contract import calling, describe, expect, name_of
+    from rayfl.contract import ComponentError, calling, describe, expect, name_of
+    from rayfl.schema import ConfigError
 
     component = section.component()
     where = name_of(component)
-    with calling(where):
-        opt = component(section, lr)
+    expected = "a callable optimizer(section, lr) returning a ServerOpt"
+    if not callable(component):
+        raise ConfigError("server_opt.name", section.name, f"{expected} (it names "
+                                                           f"{describe(component)})")
+    try:
+        with calling(where):
+            opt = component(section, lr)
+    except ComponentError as e:
+        if e.frames:  # raised in the user's own code: named by its frames
+            raise
+        raise ConfigError("server_opt.name", section.name,
+                          f"{expected} (calling {where}(section, lr) {e.problem})") from None
     expect(isinstance(opt, ServerOpt), where,
            f"returned {describe(opt)}, not a ServerOpt(init, update) "
            "(rayfl.algorithms.server_opt)")

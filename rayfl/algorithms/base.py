@@ -81,7 +81,8 @@ class Traits:
     #: ``aggregation.weighting`` values besides samples / uniform that the algorithm defines
     weightings: tuple[str, ...] = ()
     #: the client's persistent state, typed: entry -> "model" (a vector shaped like x),
-    #: "scalar" (a one-element tensor), "buffers" (the model's buffers, None without) or "any";
+    #: "scalar" (a one-element tensor), "buffers" (the model's buffers, None without) or "any"
+    #: (a tensor of any shape);
     #: every state a client returns is checked against it; empty: it keeps none
     client_state: Mapping[str, str] = field(default_factory=dict)
     #: its server step is x ← x − opt(D), so it takes any server optimiser (``server_opt``)
@@ -234,7 +235,9 @@ class ServerRound:
     def step(self, direction: Vec, x: Vec | None = None) -> Vec:
         """x − opt(direction) (x: the round's model unless given); the optimiser's state and
         metrics are updated."""
-        from rayfl.contract import calling, name_of, returned, returned_metrics, returned_vector
+        from rayfl.contract import (calling, expect, name_of, returned, returned_metrics,
+                                    returned_vector)
+        from rayfl.layers import unencodable
 
         name = name_of(self.optimizer.update)
         with calling(name, round=self.t):
@@ -243,6 +246,10 @@ class ServerRound:
                                                  self.t)
         step = returned_vector(step, direction, name, "its step", self.t)
         self.metrics = returned_metrics(metrics, name, self.t)
+        found = unencodable(self.opt_state)
+        expect(found is None, name, f"returned a state holding {found}, which a checkpoint "
+                                    "cannot hold (tensors, arrays, numbers, strings, lists, "
+                                    "dicts and dataclasses of them)", self.t)
         return (self.x if x is None else x) - step
 
     def restart_optimizer(self) -> None:
@@ -330,6 +337,8 @@ def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> str | Non
     """What is wrong with a client's returned ``state`` against the algorithm's declaration
     (``dim``: the model's parameter count), or None: an entry it does not declare, or one of
     another shape than declared."""
+    from rayfl.contract import describe
+
     if not isinstance(state, dict):
         return f"returned a state that is {_shape(state)}, not a dict of declared entries"
     declared = algorithm.traits.client_state
@@ -344,9 +353,55 @@ def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> str | Non
             problem = f"is declared 'scalar' but is {_shape(value)}, not a one-element tensor"
         elif kind == "buffers" and value is not None and (numel is None or value.dim() != 1):
             problem = f"is declared 'buffers' but is {_shape(value)}, not a flat vector or None"
+        elif kind == "any" and numel is None:
+            problem = (f"is declared 'any' but is {describe(value)}, not a tensor (of any "
+                       "shape: a client's state file holds tensors; torch.as_tensor(...) it)")
         else:
             continue
         return f"client state entry {key!r} {problem}"
+    return None
+
+
+def declaration_problem(cls: type) -> str | None:
+    """What is wrong with what an algorithm class declares of itself (its traits record, the
+    kinds of its client-state entries, its capabilities and the methods each one means), or
+    None; said where the run is configured, before anything starts."""
+    from rayfl.contract import describe
+
+    traits = cls.traits
+    if not isinstance(traits, Traits):
+        return (f"an algorithm whose traits is a Traits record (dataclasses.replace(Parent."
+                f"traits, ...) or rayfl.algorithms.base.Traits(...)); its traits is "
+                f"{describe(traits)}")
+    for key, kind in traits.client_state.items():
+        if kind not in STATE_KINDS:
+            return (f"an algorithm whose traits.client_state kinds are one of "
+                    f"{', '.join(STATE_KINDS)} (entry {key!r} is {kind!r})")
+    unknown = sorted(map(repr, traits.capabilities - set(CAPABILITIES)))
+    if unknown:
+        return (f"an algorithm whose traits.capabilities are among {', '.join(CAPABILITIES)} "
+                f"(it declares {', '.join(unknown)})")
+    for capability in sorted(traits.capabilities):
+        missing = [m for m in CAPABILITIES[capability] if not callable(getattr(cls, m, None))]
+        if missing:
+            return (f"an algorithm that defines {' and '.join(CAPABILITIES[capability])}, "
+                    f"as its capability {capability!r} means (it has no {missing[0]})")
+    return built_as(cls, "an algorithm", "cls(params, *, weighting, num_clients, "
+                    "local_momentum)", None, weighting="samples", num_clients=1,
+                    local_momentum=0.0)
+
+
+def built_as(cls: type, what: str, call: str, *args: Any, **kwargs: Any) -> str | None:
+    """Why ``cls(*args, **kwargs)``, the call rayfl builds ``what`` with (``call`` in words),
+    does not fit the class's ``__init__`` (None: it fits)."""
+    import inspect
+
+    try:
+        inspect.signature(cls).bind(*args, **kwargs)
+    except TypeError as e:
+        return f"{what} built as {call} (its __init__ does not take that: {e})"
+    except ValueError:  # no signature to read: the call itself will tell
+        pass
     return None
 
 

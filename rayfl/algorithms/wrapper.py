@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayfl.layers import Facts, Layer
+from rayfl.contract import calling, name_of
+from rayfl.layers import Facts, Layer, declaration_problem
 from rayfl.schema import ConfigError
 
 
@@ -37,18 +38,27 @@ def wrapper_classes(cfg: Any) -> list[tuple[str, type[ServerWrapper], Any]]:
 
 
 def check_run(cfg: Any) -> None:
-    """Every wrapper is a :class:`ServerWrapper` and its own rules on the config hold
-    (ConfigError on its entry); what its traits refuse is :mod:`rayfl.compat`'s."""
+    """Every wrapper is a :class:`ServerWrapper` declaring itself as a layer does, and its own
+    rules on the config hold (ConfigError on its entry; ComponentError naming its
+    ``check_config`` when that raises); what its traits refuse is :mod:`rayfl.compat`'s."""
     for (where, cls, params), entry in zip(wrapper_classes(cfg), cfg.wrappers):
         if not (isinstance(cls, type) and issubclass(cls, ServerWrapper)):
             raise ConfigError(f"{where}.name", entry.name,
                               "a ServerWrapper subclass (rayfl.algorithms.wrapper)")
-        cls.check_config(params, cfg, where)
+        problem = declaration_problem(cls)
+        if problem:
+            raise ConfigError(f"{where}.name", entry.name, problem)
+        with calling(name_of(cls, "check_config")):
+            cls.check_config(params, cfg, where)
 
 
 def wrappers_of(cfg: Any, facts: Facts) -> list[ServerWrapper]:
-    """The configured wrappers, innermost first."""
-    return [cls(params, facts) for _, cls, params in wrapper_classes(cfg)]
+    """The configured wrappers, innermost first (one that fails while being built is named)."""
+    out = []
+    for _, cls, params in wrapper_classes(cfg):
+        with calling(name_of(cls, "__init__")):
+            out.append(cls(params, facts))
+    return out
 
 
 def label(cfg: Any) -> str:

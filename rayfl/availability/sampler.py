@@ -123,7 +123,7 @@ class Sampler:
         if len(clients):
             metrics["label_tv"] = self.stats.tv(clients)
         else:
-            metrics["empty_reason"] = self._why_empty(n_online, m, {
+            metrics["empty_reason"] = self._why_empty(n_online, m, len(members), {
                 "dropped out": int(np.count_nonzero(failed)),
                 "went offline before reporting": offline,
                 "missed the deadline": int(np.count_nonzero(idle & late)),
@@ -133,14 +133,22 @@ class Sampler:
                          dropped=np.setdiff1d(sampled, clients).astype(np.int64),
                          duration=duration, metrics=metrics)
 
-    def _why_empty(self, online: int, sampled: int, lost: dict[str, int]) -> str:
-        """Why no client of a round completed: nobody online, none sampled, or what became of
-        the sampled ones (``lost``: how many dropped out, went offline, missed the deadline,
-        had no step to take or straggled)."""
+    def _why_empty(self, online: int, sampled: int, eligible: int, lost: dict[str, int]
+                   ) -> str:
+        """Why no client of a round completed: nobody online, none eligible under the privacy
+        mechanism's participation bound (``eligible``: the online clients it lets the round
+        sample), none sampled, or what became of the sampled ones (``lost``: how many dropped
+        out, went offline, missed the deadline, had no step to take or straggled)."""
         if online == 0:
             return "no client online"
-        if sampled == 0:
+        if eligible == 0:
+            return (f"the participation bound left none of the {online} online clients "
+                    "eligible (privacy.min_separation rounds between a client's rounds, at "
+                    "most privacy.max_participations of them)")
+        if sampled == 0 and self.poisson_rate is not None:
             return f"Poisson sampling drew none of the {online} online clients"
+        if sampled == 0:
+            return f"none of the {eligible} online clients was sampled"
         cfg = self.cfg
         settings = {"dropped out": f"availability.dropout = {cfg.dropout:g}",
                     "missed the deadline": f"availability.deadline_s = {cfg.deadline_s or 0:g} s",

@@ -29,6 +29,7 @@ import mmap
 import os
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ from rayfl import registry, schema
 from rayfl.data import datasets, fetch, sources
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
+from rayfl.data.datasets import READ_ERRORS
 from rayfl.data.holdout import carve
+from rayfl.schema import ConfigError
 
 FORMAT_VERSION = 2
 FILES = ("train.arrow", "test.arrow", "offsets.npy")
@@ -94,6 +97,14 @@ def _write_arrow(path: str, table: pa.Table) -> None:
         w.write_table(table, max_chunksize=max(table.num_rows, 1))
 
 
+def _plain(value):
+    """A loader's numpy number (``num_classes`` as ``np.int64``) as the Python number JSON
+    holds."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} in the store's meta data")
+
+
 def _fingerprint(path: str) -> str:
     """sha256 over the digests of the store's data files (what re-derivation must reproduce)."""
     h = hashlib.sha256()
@@ -130,7 +141,7 @@ def _build(cfg: DataConfig, seed: int, tmp: str) -> None:
             "label_len": int(arrays.y_train.shape[1]) if arrays.y_train.ndim == 2 else 0,
             "ignore_index": arrays.ignore_index, "unscored": list(arrays.unscored)}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump(meta, f)
+        json.dump(meta, f, default=_plain)
 
 
 @contextlib.contextmanager
@@ -177,12 +188,17 @@ def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHand
     root = os.path.abspath(root or cfg.cache_dir or default_cache_dir())
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
-    if not os.path.isfile(os.path.join(path, "meta.json")):
+    if not os.path.isfile(os.path.join(path, "meta.json")) or damaged(path):
         from rayfl.rundir import check_creatable
 
         existing = check_creatable(root, "data.cache_dir")  # a file, /proc, read-only: refused
         try:
             with _locked(os.path.join(root, f".{key}.lock")):
+                why = damaged(path) if os.path.isfile(os.path.join(path, "meta.json")) else None
+                if why:  # said, then built again: the same settings give the same bytes
+                    print(f"rayfl: the partition store {path} is damaged ({why}); building it "
+                          "again", file=sys.stderr, flush=True)
+                    shutil.rmtree(path)
                 if not os.path.isfile(os.path.join(path, "meta.json")):
                     _build_into(cfg, seed, root, path)
         except BaseException:
@@ -191,17 +207,55 @@ def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHand
     return dataclasses.replace(DataHandle.at(path), cfg=cfg, seed=seed)
 
 
-def _build_into(cfg: DataConfig, seed: int, root: str, path: str) -> None:
-    """Build the store in a fresh folder of ``root``, then move it to ``path`` in one step."""
-    tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
+def damaged(path: str) -> str | None:
+    """What is wrong with the stored partition at ``path`` (a file missing, cut short or
+    overwritten: its meta data, Arrow files and offsets read and checked against each other,
+    without reading the rows), or None."""
     try:
+        handle = DataHandle.at(path)
+        offsets = np.load(os.path.join(path, "offsets.npy"), mmap_mode="r")
+        files = [("train.arrow", offsets, handle.num_clients + handle.num_validation_clients)]
+        if handle.client_holdout > 0:
+            files.append(("holdout.arrow", np.load(os.path.join(path, "holdout_offsets.npy"),
+                                                   mmap_mode="r"), handle.num_clients))
+        for name, offs, clients in files:
+            rows = _rows(os.path.join(path, name))
+            if offs.ndim != 1 or len(offs) != clients + 1 or int(offs[-1]) != rows:
+                return (f"{name} holds {rows} rows, its offsets {len(offs)} entries ending at "
+                        f"{int(offs[-1]) if len(offs) else None}")
+        _rows(os.path.join(path, "test.arrow"))
+    except READ_ERRORS as e:
+        return f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return None
+
+
+def _rows(path: str) -> int:
+    """The rows of an Arrow file, read from its footer and batch headers."""
+    with pa.memory_map(path) as source:
+        reader = pa.ipc.open_file(source)
+        if reader.schema.names != ["x", "y"]:
+            raise ValueError(f"{os.path.basename(path)} has columns {reader.schema.names}")
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
+def _build_into(cfg: DataConfig, seed: int, root: str, path: str) -> None:
+    """Build the store in a fresh folder of ``root``, then move it to ``path`` in one step; a
+    write that fails (a full disk, a folder made read-only) is a ConfigError on
+    ``data.cache_dir``, with nothing left behind."""
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(dir=root, prefix=".tmp-")
         _build(cfg, seed, tmp)
         os.rename(tmp, path)
-    except OSError:
-        if not os.path.isfile(os.path.join(path, "meta.json")):
-            raise  # not a lost race (a lock-less filesystem): a real error
+    except OSError as e:
+        if not os.path.isfile(os.path.join(path, "meta.json")):  # not a lost race
+            why = " ".join(str(e.strerror or e).split())
+            raise ConfigError("data.cache_dir", root, f"a folder the partition store can be "
+                              f"written to (writing {e.filename or path} failed: {why})") \
+                from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 _LOCAL: dict[tuple[str, str], "DataHandle"] = {}  # this process's resolved stores

@@ -80,6 +80,10 @@ def _declared(a) -> str | None:
         return f"scale is {a.scale!r}; expected a positive finite number"
     if a.kind not in KINDS:
         return f"kind is {a.kind!r}; expected one of {', '.join(KINDS)}"
+    if a.y_train.ndim == 2 and a.kind != "tokens":
+        return (f"y_train has shape {a.y_train.shape} for kind {a.kind!r}; expected one class "
+                "label per row, shape (rows,) (labels per position, (rows, length), are for "
+                "kind 'tokens': next-token prediction)")
     if not _is_int(a.ignore_index) or not all(_is_int(u) for u in a.unscored):
         return (f"ignore_index is {a.ignore_index!r} and unscored {a.unscored!r}; expected "
                 "integer labels")

@@ -115,6 +115,15 @@ def check_module(model, builder) -> None:
         raise ComponentError(name_of(builder), f"returned a {type(model).__name__} with no "
                              "trainable parameters; rayfl trains and averages a model's "
                              "parameters")
+    for name, p in [*model.named_parameters(), *model.named_buffers()]:
+        if p.is_meta:
+            raise ComponentError(name_of(builder), f"returned a {type(model).__name__} whose "
+                                 f"{name} is on the meta device (no values); expected a model "
+                                 "with real tensors on the CPU (rayfl places it)")
+        if p.is_complex():
+            raise ComponentError(name_of(builder), f"returned a {type(model).__name__} whose "
+                                 f"{name} is {describe(p)}; expected real floating-point "
+                                 "parameters (rayfl trains them as one real vector)")
 
 
 def check_fits(model_cfg, handle):
@@ -138,9 +147,24 @@ def check_fits(model_cfg, handle):
         reader, client = handle.open(), int(nonempty[0])
         x, y = reader.client(client)
         batch, _ = reader.tensors(x[:REAL_ROWS], y[:REAL_ROWS], "cpu")
-        _check_scores(model_cfg, model, handle, batch,
-                      f"a real batch ({len(batch)} rows of client {client})")
+        what = f"a real batch ({len(batch)} rows of client {client})"
+        _check_scores(model_cfg, model, handle, batch, what)
+        _check_gradient(model_cfg, model, batch, what)
     return model
+
+
+def _check_gradient(model_cfg, model, batch, what: str) -> None:
+    """The scores depend on the model's trainable parameters (a gradient reaches them): a
+    ComponentError naming the model's forward when none does (parameters used detached)."""
+    import torch
+
+    forward = _forward_name(model, registry.resolve("model", model_cfg.name))
+    with torch.enable_grad(), calling(forward):
+        out = model.eval()(batch)
+    if not out.requires_grad:
+        raise ComponentError(forward, f"returned scores for {what} that no trainable parameter "
+                             "reaches (a gradient cannot train it: are its parameters used "
+                             "detached, or under torch.no_grad?)")
 
 
 def _check_scores(model_cfg, model, handle, batch, what: str) -> None:

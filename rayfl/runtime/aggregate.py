@@ -27,6 +27,17 @@ def _add(a: Any, b: Any, key: str, where: str, t: int, client: int) -> Any:
     return a + b
 
 
+def _same_shape(rows: list, row: Any, key: str, where: str, t: int, client: int) -> None:
+    """A :class:`Rows` entry keeps one shape over the round (the server stacks the rows):
+    ComponentError naming it otherwise."""
+    shape, first = (tuple(getattr(r, "shape", ())) for r in (row, rows[0] if rows else row))
+    if shape != first:
+        raise ComponentError(where, f"returned Rows payload entry {key!r} of shape {shape}, "
+                                    f"where an earlier client's was {first}: "
+                                    "every client's row has the same shape (the server stacks "
+                                    "them)", t, client)
+
+
 def _sum(a: Any, b: Any) -> Any:
     return b.clone() if a is None and isinstance(b, torch.Tensor) else (b if a is None else a + b)
 
@@ -71,6 +82,7 @@ class PartialSum:
         for k, v in payload.items():
             if isinstance(v, Rows):
                 ids, rows = self.rows.setdefault(k, ([], []))
+                _same_shape(rows, v.value, k, where, t, client_id)
                 ids.append(int(client_id))
                 rows.append(v.value)
             else:
@@ -103,6 +115,8 @@ class PartialSum:
             self.extras[k] = _add(self.extras.get(k), v, k, where, t, None)
         for k, (ids, rows) in other.rows.items():
             mine = self.rows.setdefault(k, ([], []))
+            if rows:
+                _same_shape(mine[1], rows[0], k, where, t, ids[0])
             mine[0].extend(ids)
             mine[1].extend(rows)
         if not self.layers:

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import Aggregate
-from rayfl.layers import Broadcast, ServerState, Stack
+from rayfl.contract import calling, name_of
+from rayfl.layers import Broadcast, ServerState, Stack, tensors
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
 from rayfl.runtime.messages import Messages
 
@@ -166,7 +167,10 @@ class RoundLoop:
         new, agg, own = self.stack.update(state, agg, total.layer_sums(len(self.stack.layers)),
                                           t)
         if self.algorithm.traits.has("settle") and total.count:
-            self.messages.save(t, self.algorithm.round_message(new.x, new.algorithm, agg, t))
+            name = name_of(self.algorithm, "round_message")
+            with calling(name, round=t):
+                message = self.algorithm.round_message(new.x, new.algorithm, agg, t)
+            self.messages.save(t, tensors(message, name, "its message", t))
         per_client = self.stack.upload_bytes(x.numel(), x.element_size())
         return new, agg, {**own, "upload_bytes": per_client * total.count}
 
