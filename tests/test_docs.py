@@ -254,3 +254,38 @@ def test_the_algorithm_tutorial_runs_in_order(ray_local, tmp_path, monkeypatch, 
     (work,) = os.listdir(temp)
     assert work.startswith("rayfl-algorithm-")
     assert sorted(os.listdir(temp / work)) == ["cache", "runs"]
+
+
+def test_the_privacy_tutorial_runs_in_order(tmp_path, monkeypatch, capsys):
+    """docs/privacy-tutorial.md's blocks, pasted in order into one session started in the
+    repository's root: they write only under the fresh folder they make, and print what they
+    claim."""
+    import tempfile
+
+    from rayfl import registry
+
+    for kind, registered in registry._REGISTERED.items():  # the page registers plateau
+        monkeypatch.setitem(registry._REGISTERED, kind, dict(registered))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    page = os.path.join(ROOT, "docs", "privacy-tutorial.md")
+    with open(page) as f:
+        blocks = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
+    assert len(blocks) == 6
+    session = {"__name__": "__main__"}
+    for block in blocks:
+        exec(compile(block, page, "exec"), session)
+    printed = capsys.readouterr().out
+    z = session["z"]
+    assert 1.8 < z["fixed"] / z["poisson"] < 2.6  # replace-one moves the sum twice as far
+    assert "ε = 8.00 at δ = 0.0001, add-or-remove-one neighbours" in printed
+    assert "ε 8 (add-or-remove-one)" in printed  # the progress line's last round
+    assert "<= analytical ε 8.00: True" in printed
+    assert "refused: examples.plateau:ReduceOnPlateau.client_apply" in printed
+    assert "ε excludes ['loss', 'weight']" in printed
+    assert printed.count("ε = 8.00 (zero-out)") == 2
+    (work,) = os.listdir(temp)
+    assert work.startswith("rayfl-privacy-")
+    assert sorted(os.listdir(temp / work)) == ["cache", "runs"]
