@@ -224,59 +224,56 @@ def test_the_config_table_lists_every_field_in_order():
     assert listed == [f.name for f in dataclasses.fields(config.Config)]
 
 
-def test_the_algorithm_tutorial_runs_in_order(ray_local, tmp_path, monkeypatch, capsys):
-    """docs/algorithm-tutorial.md's blocks, pasted in order into one session started in some
-    directory: they write only under the fresh folder they make, and print what they claim."""
+def _paste_tutorial(name: str, blocks: int, start_in: str, tmp_path, monkeypatch) -> dict:
+    """Run a tutorial page's ``py`` blocks in order in one session started in ``start_in``,
+    with a registry and a temporary folder of the test's own; returns the session."""
     import tempfile
 
     from rayfl import registry
 
-    for kind, registered in registry._REGISTERED.items():  # the page registers agreeavg
+    for kind, registered in registry._REGISTERED.items():  # pages register their components
         monkeypatch.setitem(registry._REGISTERED, kind, dict(registered))
-    started_in, temp = tmp_path / "started-here", tmp_path / "temp"
-    started_in.mkdir()
-    temp.mkdir()
-    monkeypatch.chdir(started_in)
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    page = os.path.join(ROOT, "docs", "algorithm-tutorial.md")
+    monkeypatch.chdir(start_in)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    page = os.path.join(ROOT, "docs", name)
     with open(page) as f:
-        blocks = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
-    assert len(blocks) == 5
+        found = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
+    assert len(found) == blocks
     session = {"__name__": "__main__"}
-    for block in blocks:
+    for block in found:
         exec(compile(block, page, "exec"), session)
+    return session
+
+
+def _only_its_folder(tmp_path, prefix: str) -> None:
+    """The tutorial wrote one fresh folder, holding its cache and its runs."""
+    (work,) = os.listdir(tmp_path / "temp")
+    assert work.startswith(prefix)
+    assert sorted(os.listdir(tmp_path / "temp" / work)) == ["cache", "runs"]
+
+
+def test_the_algorithm_tutorial_runs_in_order(ray_local, tmp_path, monkeypatch, capsys):
+    """docs/algorithm-tutorial.md's blocks, pasted in order into one session started in some
+    directory: they write only under the fresh folder they make, and print what they claim."""
+    started_in = tmp_path / "started-here"
+    started_in.mkdir()
+    (tmp_path / "temp").mkdir()
+    _paste_tutorial("algorithm-tutorial.md", 5, str(started_in), tmp_path, monkeypatch)
     printed = capsys.readouterr().out
     assert "mu = 0, boost = 0 is FedAvg byte for byte: True" in printed
     assert "the same bytes on 2 Ray actors: True" in printed
     rows = [line for line in printed.splitlines() if line.startswith("{'round': ")]
     assert len(rows) == 8 and "'agreement': 0.0," in rows[0]
     assert not os.listdir(started_in)
-    (work,) = os.listdir(temp)
-    assert work.startswith("rayfl-algorithm-")
-    assert sorted(os.listdir(temp / work)) == ["cache", "runs"]
+    _only_its_folder(tmp_path, "rayfl-algorithm-")
 
 
 def test_the_privacy_tutorial_runs_in_order(tmp_path, monkeypatch, capsys):
     """docs/privacy-tutorial.md's blocks, pasted in order into one session started in the
     repository's root: they write only under the fresh folder they make, and print what they
     claim."""
-    import tempfile
-
-    from rayfl import registry
-
-    for kind, registered in registry._REGISTERED.items():  # the page registers plateau
-        monkeypatch.setitem(registry._REGISTERED, kind, dict(registered))
-    temp = tmp_path / "temp"
-    temp.mkdir()
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    page = os.path.join(ROOT, "docs", "privacy-tutorial.md")
-    with open(page) as f:
-        blocks = re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
-    assert len(blocks) == 6
-    session = {"__name__": "__main__"}
-    for block in blocks:
-        exec(compile(block, page, "exec"), session)
+    (tmp_path / "temp").mkdir()
+    session = _paste_tutorial("privacy-tutorial.md", 6, ROOT, tmp_path, monkeypatch)
     printed = capsys.readouterr().out
     z = session["z"]
     assert 1.8 < z["fixed"] / z["poisson"] < 2.6  # replace-one moves the sum twice as far
@@ -286,6 +283,4 @@ def test_the_privacy_tutorial_runs_in_order(tmp_path, monkeypatch, capsys):
     assert "refused: examples.plateau:ReduceOnPlateau.client_apply" in printed
     assert "ε excludes ['loss', 'weight']" in printed
     assert printed.count("ε = 8.00 (zero-out)") == 2
-    (work,) = os.listdir(temp)
-    assert work.startswith("rayfl-privacy-")
-    assert sorted(os.listdir(temp / work)) == ["cache", "runs"]
+    _only_its_folder(tmp_path, "rayfl-privacy-")
