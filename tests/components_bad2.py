@@ -15,6 +15,7 @@ from rayfl.algorithms.base import ClientResult, Rows, ServerParams
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.algorithms.wrapper import ServerWrapper
+from tests.components_bad import Linear
 from rayfl.data.datasets import Arrays, synthetic
 from rayfl.schema import field
 
@@ -170,15 +171,6 @@ def lambda_state(section, lr):
 
 
 # ----- models ------------------------------------------------------------------------------------
-class Linear(nn.Module):
-    def __init__(self, input_shape, num_classes):
-        super().__init__()
-        self.layer = nn.Linear(input_shape[0], num_classes)
-
-    def forward(self, x):
-        return self.layer(x)
-
-
 class OnMeta(Linear):
     def __init__(self, input_shape, num_classes):
         super().__init__(input_shape, num_classes)
