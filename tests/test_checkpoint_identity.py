@@ -193,3 +193,24 @@ def test_every_state_file_an_actor_reads_is_checked(tmp_path):
     with pytest.raises(CheckpointError, match="algorithm.name = 'scaffold', this run's is "
                                               "'fedavg'"):
         fedavg.load(7, 1)
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "ray"])
+def test_a_foreign_state_file_beyond_the_sample_stops_the_run_when_read(
+        executor, tiny, tmp_path, capsys, request):
+    """Every client trains every round: the last state file (past the eight a resume reads
+    first) is read in round 3, and the run stops there in one line, its checkpoint intact."""
+    if executor == "ray":
+        request.getfixturevalue("ray_local")
+    every = ["algorithm.name=scaffold", "clients_per_round=20", f"runtime.executor={executor}"]
+    mine = _run(tiny, "mine", *every, max_rounds=2)
+    other = _run(tiny, "other", *every, "seed=1", max_rounds=2)
+    name = _state_files(mine.run_dir)[-1]
+    assert len(_state_files(mine.run_dir)) == 20 and name == _state_files(other.run_dir)[-1]
+    shutil.copyfile(os.path.join(other.run_dir, "state", name),
+                    os.path.join(mine.run_dir, "state", name))
+    ck = checkpoint.load(mine.run_dir)["round"]
+    line = _refused(capsys, ["resume", mine.run_dir])
+    assert f"{name}: expected a state file of this run (it was written by a run with seed = 1, " \
+           "this run's is 0" in line, line
+    assert checkpoint.load(mine.run_dir)["round"] == ck
