@@ -7,7 +7,9 @@ config with the user's overrides. Without overrides it finishes with the source'
 ``model_sha256``; with them it shares the source's first N rounds instead of recomputing them
 (an IMA ablation branching at t_s saves t_s / R of the run). Keys that shape those first rounds'
 state cannot change (:data:`FIXED`), and the algorithm must be able to continue from the
-checkpoint's server state (:meth:`rayfl.algorithms.base.Algorithm.fork_state`).
+checkpoint's server state (:meth:`rayfl.algorithms.base.Algorithm.fork_state`). A kept
+checkpoint written by another run (copied or linked into the source directory) is refused,
+naming the key that differs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rayfl.runtime.storage import Storage
 from rayfl.simulation import RunResult, check_request, launch, new_run_dir, preflight
 
 #: config keys a fork cannot change: they shape the data, the model and the state it inherits
-FIXED = ("data.", "model.", "algorithm.name", "privacy.", "seed")
+FIXED = checkpoint.SHARED
 
 
 def fork_config(source_dir: str, at: int, overrides: list[str] | None):
@@ -69,6 +71,9 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     check_request(cfg, max_rounds)
     src_location = storage.run_location(source, source_dir)
     ck = checkpoint.load_kept(src_location, at)
+    checkpoint.check_identity(ck, checkpoint.identity(source),
+                              Storage(src_location).path(checkpoint.kept_name(at)))
+    ck[checkpoint.IDENTITY] = checkpoint.identity(cfg)  # the copy belongs to the fork
     src_state = Storage(storage.state_root(source, source_dir))
     versions = ck["versions"]
     missing = [int(c) for c in np.flatnonzero(versions >= 0)
@@ -78,6 +83,8 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
             src_state.path(state_name(missing[0], int(versions[missing[0]]))),
             f"the file the kept checkpoint refers to ({len(missing)} missing: deleted, or the "
             "run's storage moved)", what="client state")
+    checkpoint.check_states(storage.state_root(source, source_dir), versions,
+                            checkpoint.identity(source))
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)

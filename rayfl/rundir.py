@@ -155,9 +155,7 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
         raise ConfigError("run_dir", path, f"a readable fingerprint.json ({type(e).__name__})") \
             from None
     new = result_keys(plain)
-    unset = "<unset>"
-    differ = sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset)
-                    and not (k not in old and new[k] == default_of(k)))
+    differ = differences(old, new)
     if differ:
         shown = "; ".join(f"{k}: {old.get(k, '<unset>')!r} → {new.get(k, '<unset>')!r}"
                           for k in differ[:5])
@@ -166,6 +164,25 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
                           "runtime.* (not logical_shards or storage), output_dir, data.root, "
                           "data.fetch, data.cache_dir, checkpoint.every, checkpoint.keep and "
                           "availability.max_empty_rounds may change")
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """The result-changing keys whose values differ from ``old`` to ``new`` (sorted); a key
+    ``old`` lacks (added by a later rayfl version) counts as unchanged at its default."""
+    unset = object()
+    return sorted(k for k in set(old) | set(new) if old.get(k, unset) != new.get(k, unset)
+                  and not (k not in old and new[k] == default_of(k)))
+
+
+def started_with(run_dir: str) -> dict | None:
+    """The result-changing values the run in ``run_dir`` started with (its fingerprint.json),
+    or None when it has no readable one (:func:`check_fingerprint` refuses that)."""
+    try:
+        with open(os.path.join(run_dir, FINGERPRINT)) as f:
+            values = json.load(f)["values"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return values if isinstance(values, dict) else None
 
 
 def default_of(key: str):

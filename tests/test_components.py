@@ -161,11 +161,18 @@ def test_a_registered_component_travels_with_the_pickled_config():
     assert b"FedAvg" not in cloudpickle.dumps(load())
 
 
-def test_runtime_env_ships_user_modules_only():
+def test_runtime_env_ships_user_modules_only(monkeypatch):
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     assert runtime_env(load()) == {}
     env = runtime_env(load(f"algorithm.name={ALGO}", f"data.dataset={DATA}"))
     assert env == {"py_modules": [os.path.realpath(os.path.join(ROOT, "examples"))]}
     assert registry.user_modules([type("Main", (), {"__module__": "__main__"})]) == []
+
+
+def test_runtime_env_gives_every_worker_the_drivers_cpu_kernel_set(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    env = runtime_env(load(f"algorithm.name={ALGO}"))
+    assert env["env_vars"] == {"ATEN_CPU_CAPABILITY": "avx2"} and env["py_modules"]
 
 
 def test_cache_key_names_the_loader_and_its_params(monkeypatch):

@@ -142,16 +142,38 @@ def shards(labels: np.ndarray, num_clients: int, per_client: int,
 
 
 def natural(groups: np.ndarray, num_clients: int) -> tuple[np.ndarray, np.ndarray]:
-    """One client per writer/user: the first ``num_clients`` groups, rows of later ones unused."""
+    """One client per writer/user: the first ``num_clients`` groups, rows of later ones unused.
+    Ids with gaps below ``num_clients`` (clients that would hold nothing while rows of higher
+    ids are dropped) are refused, with what would be lost."""
     available = int(groups.max()) + 1 if len(groups) else 0
     if num_clients > available:
         raise ConfigError("data.num_clients", num_clients,
                           f"at most the {available} writers/users the dataset has "
                           "(partition=natural)")
+    _check_gaps(groups, num_clients)
     keep = np.flatnonzero(groups < num_clients)
     order = keep[np.argsort(groups[keep], kind="stable")]
     counts = np.bincount(groups[keep], minlength=num_clients)
     return order, np.r_[0, np.cumsum(counts)].astype(np.int64)
+
+
+def _check_gaps(groups: np.ndarray, num_clients: int) -> None:
+    """A ConfigError on ``data.num_clients`` when an id below it names no row."""
+    ids, rows = np.unique(groups, return_counts=True)
+    below = ids < num_clients
+    empty = num_clients - int(below.sum())
+    if not empty:
+        return
+    first_gap = int(np.flatnonzero(np.r_[ids, -1] != np.arange(len(ids) + 1))[0])
+    shown = ", ".join(map(str, ids[:6])) + (f", …, {ids[-1]}" if len(ids) > 6 else "")
+    above = int((~below).sum())
+    dropped = f" and {int(rows[~below].sum())} of {len(groups)} rows ({above} ids ≥ " \
+        f"{num_clients}) dropped" if above else ""
+    raise ConfigError("data.num_clients", num_clients, (
+        f"ids 0..{num_clients - 1} that all name a writer/user (partition=natural: client i "
+        f"holds writer/user i), but the dataset's {len(ids)} ids have gaps ({shown}): "
+        f"{empty} clients would be empty{dropped}; number the writers/users "
+        f"0..{len(ids) - 1} without gaps, or set data.num_clients ≤ {first_gap}"))
 
 
 def split(cfg, arrays, seed: int) -> tuple[np.ndarray, np.ndarray]:

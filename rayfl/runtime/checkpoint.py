@@ -13,6 +13,12 @@ It lives at ``<location>/checkpoints/checkpoint.pt``, where the location is the 
 the rounds in ``checkpoint.keep`` are also kept as ``checkpoints/round-NNNNN.pt`` (1-based), and
 the client-state versions they refer to are pinned: never deleted as superseded, so ``rayfl
 fork`` can branch from them.
+
+Every checkpoint carries the identity of the run that wrote it (``identity``: the config values
+that can change its results, seed and algorithm among them, as in ``fingerprint.json``), and
+``rayfl resume`` and ``rayfl fork`` refuse one whose identity is not the run's — a checkpoint
+copied or linked in from another run — naming the first key that differs, before anything
+else. Checkpoints of rayfl 0.1 and 0.2 carry none and are taken as they are.
 """
 
 from __future__ import annotations
@@ -27,11 +33,16 @@ import pickle
 import numpy as np
 import torch
 
-from rayfl.runtime.state_store import prune_after, verify_present
+from rayfl.runtime.state_store import prune_after, read_state, verify_present
 from rayfl.runtime.storage import CheckpointError, Storage, join
 from rayfl.schema import ConfigError
 
 NAME = "checkpoints/checkpoint.pt"
+IDENTITY = "identity"  # the payload key of the writing run's identity (:func:`identity`)
+FIRST = ("seed", "algorithm.name")  # the keys an identity mismatch names first
+UNNAMED = ("name",)  # result keys left out of it: runs alike but for them share a trajectory
+#: config keys that shape the client state a fork inherits (a fork cannot change them)
+SHARED = ("data.", "model.", "algorithm.name", "privacy.", "seed")
 FORMAT = "rayfl-checkpoint/2"  # /2: the server state is a tree of slots (rayfl.layers)
 FORMATS = ("rayfl-checkpoint/1", FORMAT)  # /1 (rayfl 0.1): one flat dict, read by migration
 _TENSOR, _ARRAY, _TUPLE, _FLOAT, _SLOT = "$tensor", "$ndarray", "$tuple", "$float", "$slot"
@@ -258,14 +269,78 @@ def pinned_versions(location: str) -> set[tuple[int, int]]:
     return pinned
 
 
-def verify(location: str) -> None:
-    """Check, before a resume starts anything, that the checkpoint under ``location`` loads and
-    that every client-state file it refers to is stored (:class:`CheckpointError` otherwise)."""
+def identity(cfg) -> dict:
+    """A run's identity as its checkpoints record it: the config values that can change its
+    results (:func:`rayfl.rundir.result_keys`) but its name, in JSON's types as
+    ``fingerprint.json`` holds them."""
+    from rayfl import config as config_mod
+    from rayfl.rundir import result_keys
+
+    values = {k: v for k, v in result_keys(config_mod.to_dict(cfg)).items() if k not in UNNAMED}
+    return json.loads(json.dumps(values, allow_nan=False))
+
+
+def state_stamp(values: dict) -> dict[str, np.ndarray]:
+    """What each client-state file of the run of identity ``values`` (:func:`identity`, or its
+    fingerprint's) records of it (:mod:`rayfl.runtime.state_store`): the seed, the algorithm and
+    a digest of the other :data:`SHARED` values away from their defaults (a fork shares its
+    source's files, and a key a later version adds keeps the digest)."""
+    from rayfl.rundir import default_of
+
+    shared = {k: v for k, v in values.items()
+              if any(k == f or k.startswith(f) for f in SHARED) and v != default_of(k)}
+    digest = hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).digest()
+    return {"seed": np.array(values["seed"], dtype=np.int64),
+            "algorithm": np.frombuffer(str(values["algorithm.name"]).encode(), dtype=np.uint8),
+            "config": np.frombuffer(digest, dtype=np.uint8)}
+
+
+def check_states(state_root: str, versions: np.ndarray, values: dict | None,
+                 sample: int = 8) -> None:
+    """Refuse client-state files of another run among the first ``sample`` the checkpoint's
+    ``versions`` refer to (:class:`CheckpointError` naming the file and what differs); every
+    file is checked again when an actor reads it, so a sample keeps a resume's cost that of a
+    checkpoint, not of a round."""
+    if values is None or "seed" not in values or "algorithm.name" not in values:
+        return
+    stamp, storage = state_stamp(values), Storage(state_root)
+    for c in np.flatnonzero(versions >= 0)[:sample]:
+        read_state(storage, int(c), int(versions[c]), stamp)
+
+
+def check_identity(ck: dict, values: dict | None, where: str) -> None:
+    """Refuse (:class:`CheckpointError` naming ``where`` and the first key that differs) a
+    checkpoint written by a run other than the one that started with ``values``; a checkpoint
+    without an identity (rayfl 0.1, 0.2) or a run without ``values`` is not checked."""
+    from rayfl.rundir import default_of, differences
+
+    found = ck.get(IDENTITY) if isinstance(ck, dict) else None
+    if not isinstance(found, dict) or values is None:
+        return
+    differ = [k for k in differences(values, found)  # a key of another rayfl version: default
+              if k not in UNNAMED and not (k not in found and values[k] == default_of(k))]
+    if not differ:
+        return
+    key = next((k for k in FIRST if k in differ), differ[0])
+    unset = "<unset>"
+    more = f"; {len(differ) - 1} other key(s) differ too" if len(differ) > 1 else ""
+    raise CheckpointError(where, f"a checkpoint of this run (it was written by a run with {key} "
+                          f"= {found.get(key, unset)!r}, this run's is {values.get(key, unset)!r}"
+                          f"{more}; it belongs to another run directory)")
+
+
+def verify(location: str, values: dict | None = None) -> None:
+    """Check, before a resume starts anything, that the checkpoint under ``location`` loads, was
+    written by the run that started with ``values`` (:func:`check_identity`), and that every
+    client-state file it refers to is stored, a sample of them by this run
+    (:func:`check_states`); :class:`CheckpointError` otherwise."""
     ck = load(location)
+    check_identity(ck, values, path_of(location))
     versions = ck.get("versions") if isinstance(ck, dict) else None
     if not isinstance(versions, np.ndarray) or versions.ndim != 1:
         raise CheckpointError(path_of(location), "a checkpoint holding client-state versions")
     verify_present(join(location, "state"), versions)
+    check_states(join(location, "state"), versions, values)
 
 
 def exists(location: str) -> bool:
@@ -279,8 +354,10 @@ def resume_point(location: str, run_dir: str) -> bool:
     that is damaged, or missing although the run committed one, is a CheckpointError naming it and
     the kept checkpoints there are, instead of a silent restart from round 1."""
     if exists(location):
+        from rayfl.rundir import started_with
+
         try:
-            verify(location)
+            verify(location, started_with(run_dir))
         except CheckpointError as e:
             raise CheckpointError(e.path, f"{e.expected}; {_alternatives(location, run_dir)}",
                                   e.what) from None

@@ -26,6 +26,7 @@ from rayfl import algorithms
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
 from rayfl.layers import Broadcast, Stack, tree_map
+from rayfl.runtime import checkpoint
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.training import train_groups
@@ -80,7 +81,8 @@ def model_for(model_cfg, seed: int, handle, device) -> FlatModel:
 class WorkerParts:
     """What a client actor is built from, each part from its own config section, built once on
     the driver and sent to every actor: the run's layers, the ``model`` section, the local
-    optimiser, the seed and the actor's CPU and GPU share."""
+    optimiser, the seed, the actor's CPU and GPU share, and the run's stamp on client-state files
+    (:func:`rayfl.runtime.checkpoint.state_stamp`)."""
 
     stack: Stack
     model: Any  # rayfl.models.config.ModelConfig
@@ -88,13 +90,15 @@ class WorkerParts:
     seed: int
     cpus: float
     gpus: float
+    stamp: dict | None = None
 
     @classmethod
     def of(cls, cfg, num_clients: int, stack: Stack | None = None) -> "WorkerParts":
         """The parts of a run's config (``stack``: the one the caller built already)."""
         rt = cfg.runtime
         return cls(stack or algorithms.build(cfg, num_clients), cfg.model,
-                   spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor)
+                   spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor,
+                   checkpoint.state_stamp(checkpoint.identity(cfg)))
 
 
 def inject_fault(t: int) -> None:
@@ -129,7 +133,7 @@ class ClientWorker:
         self.stack = parts.stack
         self.algorithm = self.stack.algorithm
         self.spec = parts.spec
-        self.store = StateStore(state_root, budget_bytes)
+        self.store = StateStore(state_root, budget_bytes, parts.stamp)
         self.messages = Messages(state_root)
         self.loss_fn = criterion(handle)
 

@@ -4,7 +4,8 @@ It joins ``runtime.address`` or starts a local Ray, and ships the user's own cod
 behind ``package.module:Name`` components and components registered from Python) to every worker
 through Ray's ``runtime_env.py_modules``, locally and on a cluster alike: nobody writes a worker
 hook. Components defined in ``__main__`` travel by value inside the pickled config instead
-(see :class:`rayfl.registry.Named`).
+(see :class:`rayfl.registry.Named`). ``ATEN_CPU_CAPABILITY`` set where the run starts reaches
+every worker the same way (``runtime_env.env_vars``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import os
 
 from rayfl import registry
 from rayfl.schema import ConfigError
+
+KERNELS = "ATEN_CPU_CAPABILITY"  # PyTorch's CPU kernel set, read when a process imports torch
 
 
 class RayStartError(RuntimeError):
@@ -31,9 +34,13 @@ def components(cfg) -> list:
 
 def runtime_env(cfg) -> dict:
     """Ray ``runtime_env`` that makes the config's user components importable on every worker
-    (empty when every component is a built-in or lives in ``__main__``)."""
+    and gives every worker the driver's ``ATEN_CPU_CAPABILITY`` (PyTorch's CPU kernel set: one
+    set on nodes of mixed CPUs keeps the model bytes); empty when there is nothing to pass."""
     modules = registry.user_modules(components(cfg))
-    return {"py_modules": modules} if modules else {}
+    env: dict = {"py_modules": modules} if modules else {}
+    if os.environ.get(KERNELS):
+        env["env_vars"] = {KERNELS: os.environ[KERNELS]}
+    return env
 
 
 def connect_ray(cfg, num_cpus: int | None = None) -> bool:

@@ -46,6 +46,7 @@ class Server:
                                                     * cfg.runtime.cpus_per_actor))))
         self.cfg, self.handle, self.run_dir = cfg, handle, run_dir
         self.location = storage.run_location(cfg, run_dir)  # checkpoints (and state) live here
+        self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
         self.spec = spec_from_config(cfg.local)
@@ -301,6 +302,7 @@ class Server:
     def _checkpoint(self, t: int, elapsed: float) -> None:
         keep = t + 1 in self.cfg.checkpoint.keep
         checkpoint.save(self.location, {
+            checkpoint.IDENTITY: self.identity,
             "round": t, "state": self.state, "versions": self.loop.versions,
             "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
             "elapsed": elapsed,

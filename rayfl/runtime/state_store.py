@@ -10,6 +10,11 @@ registered client that never trained has no file and costs nothing.
 ``root`` is a :mod:`rayfl.runtime.storage` location: a local directory or an object-store URI,
 so actors on nodes that share no file system find each other's states. Files are plain ``.npz``
 arrays, read without pickle.
+
+Each file also records the run that wrote it (``_run.seed``, ``_run.algorithm``, ``_run.config``:
+:func:`rayfl.runtime.checkpoint.state_stamp`); a store given its run's stamp refuses a file of
+another run with a :class:`~rayfl.runtime.storage.CheckpointError` naming what differs. Files
+without one (rayfl 0.1, 0.2) are read as they are.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import torch
 
 from rayfl.runtime.messages import message_round
 from rayfl.runtime.storage import CheckpointError, Storage
+
+STAMP = "_run."  # the entries naming the run that wrote a file (not part of the state)
 
 
 def state_name(client: int, version: int) -> str:
@@ -45,10 +52,12 @@ def parse_version(name: str) -> tuple[int, int] | None:
 
 
 class StateStore:
-    """Load/save client state by (client, version) with an LRU cache of at most ``budget`` bytes."""
+    """Load/save client state by (client, version) with an LRU cache of at most ``budget`` bytes;
+    ``stamp``: the run's (:func:`rayfl.runtime.checkpoint.state_stamp`), written into every file
+    and checked on every file read."""
 
-    def __init__(self, root: str, budget_bytes: float):
-        self.root, self.budget = root, budget_bytes
+    def __init__(self, root: str, budget_bytes: float, stamp: dict | None = None):
+        self.root, self.budget, self.stamp = root, budget_bytes, stamp
         self.storage = Storage(root)
         self.cache: OrderedDict[tuple[int, int], dict[str, torch.Tensor]] = OrderedDict()
         self.cached_bytes = 0
@@ -78,7 +87,7 @@ class StateStore:
             self.cache.move_to_end(key)
             self.stats["hits"] += 1
             return self.cache[key]
-        state = read_state(self.storage, client, version)
+        state = read_state(self.storage, client, version, self.stamp)
         self.stats["disk_reads"] += 1
         self._remember(key, state)
         return state
@@ -87,6 +96,7 @@ class StateStore:
         """Write a new immutable version (atomically), and cache it."""
         state = {k: v.detach().cpu() for k, v in state.items()}
         arrays = {k: v.numpy() for k, v in state.items()}
+        arrays.update({STAMP + k: v for k, v in (self.stamp or {}).items()})
         self.storage.write_with(state_name(client, version), lambda f: np.savez(f, **arrays))
         self.stats["writes"] += 1
         self._remember((client, version), state)
@@ -98,19 +108,43 @@ class StateStore:
             self.cached_bytes -= self._nbytes(old)
 
 
-def read_state(storage: Storage, client: int, version: int) -> dict[str, torch.Tensor]:
-    """One stored state; a missing or damaged file is a
-    :class:`~rayfl.runtime.storage.CheckpointError` naming it."""
+def read_state(storage: Storage, client: int, version: int,
+               stamp: dict | None = None) -> dict[str, torch.Tensor]:
+    """One stored state; a missing or damaged file, or one whose stamp is not ``stamp`` (another
+    run's), is a :class:`~rayfl.runtime.storage.CheckpointError` naming it."""
     name = state_name(client, version)
     try:
         with storage.open(name) as f, np.load(f, allow_pickle=False) as z:
-            return {k: torch.from_numpy(z[k].copy()) for k in z.files}
+            found = {k[len(STAMP):]: z[k] for k in z.files if k.startswith(STAMP)}
+            state = {k: torch.from_numpy(z[k].copy()) for k in z.files
+                     if not k.startswith(STAMP)}
     except FileNotFoundError:
         raise CheckpointError(storage.path(name), "the file the checkpoint refers to (it was "
                               "deleted, or the run's storage moved)", what="client state") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise CheckpointError(storage.path(name), f"a complete .npz state file "
                               f"({type(e).__name__}: {e})", what="client state") from None
+    differ = _stamp_differs(found, stamp)
+    if differ:
+        raise CheckpointError(storage.path(name), f"a state file of this run (it was written by "
+                              f"a run with {differ}; it belongs to another run directory)",
+                              what="client state")
+    return state
+
+
+def _stamp_differs(found: dict, stamp: dict | None) -> str | None:
+    """What differs between a file's stamp and the run's (None: nothing, or either absent)."""
+    if not found or not stamp:
+        return None
+    for key in ("seed", "algorithm", "config"):
+        if key not in found or not np.array_equal(found[key], stamp[key]):
+            if key == "seed" and key in found:
+                return f"seed = {int(found[key])}, this run's is {int(stamp[key])}"
+            if key == "algorithm" and key in found:
+                return (f"algorithm.name = {bytes(found[key]).decode(errors='replace')!r}, "
+                        f"this run's is {bytes(stamp[key]).decode()!r}")
+            return "other data, model or privacy settings"
+    return None
 
 
 def delete_versions(root: str, pairs) -> None:

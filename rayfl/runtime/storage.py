@@ -76,6 +76,10 @@ class CheckpointError(ValueError):
         self.path, self.expected, self.what = path, expected, what
         super().__init__(f"{what} {path}: expected {' '.join(expected.split())}")
 
+    def __reduce__(self):
+        """Pickled with its fields (raised in a Ray actor, it reaches the driver whole)."""
+        return type(self), (self.path, self.expected, self.what)
+
 
 def join(location: str, *parts: str) -> str:
     """``location`` with path components appended (a URI keeps its ``?query`` at the end;
