@@ -7,6 +7,12 @@ contract, or an exception the user's code raises, reaches the user as one
 :class:`ComponentError`: a line naming the component (``module:Name.method``), the round and
 client where it happened and what was wrong, followed by the user's own frames only — never a
 Ray or C++ dump. The command line prints it and exits with status 2.
+
+What rayfl lends a call (the broadcast, a client's stored state, the server's state) is shared
+with other clients, later rounds and the checkpoint, so the user's code reads it and never
+edits it: a :class:`Lent` notes the tensors' version counters before the call (torch moves a
+tensor's counter at every in-place operation, on it or a view of it) and refuses a counter
+that moved after it, naming the tensor — a check that costs nothing and touches no value.
 """
 
 from __future__ import annotations
@@ -93,6 +99,55 @@ def calling(component: str, round: int | None = None, client: int | None = None
         problem = f"raised {type(e).__name__}: {e}" if str(e) else f"raised {type(e).__name__}"
         raise ComponentError(component, problem, round, client,
                              user_frames(e.__traceback__)) from None
+
+
+class Lent:
+    """The tensors lent to one call into the user's code, each by the name the user reads it
+    by (``task.state["c"]``), with their version counters; :meth:`check` after the call."""
+
+    def __init__(self):
+        self.items: list[tuple[str, Any, int]] = []
+
+    def add(self, name: str, value: Any) -> "Lent":
+        """Lend ``value``: a tensor, or the tensors in a dict, list, tuple or dataclass
+        (``name["key"]``, ``name[0]``, ``name.field``)."""
+        import dataclasses
+
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            version = _version(value)
+            if version is not None:
+                self.items.append((name, value, version))
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                self.add(f'{name}["{key}"]' if isinstance(key, str) else f"{name}[{key!r}]",
+                         inner)
+        elif isinstance(value, (list, tuple)):
+            for i, inner in enumerate(value):
+                self.add(f"{name}[{i}]", inner)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                self.add(f"{name}.{f.name}", getattr(value, f.name))
+        return self
+
+    def check(self, component: str, round: int | None = None,
+              client: int | None = None) -> None:
+        """ComponentError naming ``component`` and the first lent tensor it edited in place."""
+        for name, tensor, version in self.items:
+            if _version(tensor) != version:
+                raise ComponentError(component, f"edited {name} in place; what rayfl lends is "
+                                                "read-only (other clients, later rounds and the "
+                                                "checkpoint share it): compute a new tensor, or "
+                                                ".clone() it first", round, client)
+
+
+def _version(tensor: Any) -> int | None:
+    """A tensor's version counter (None: an inference tensor, which keeps none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def expect(ok: bool, component: str, problem: str, round: int | None = None,

@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from rayfl.algorithms.base import ClientResult
 from rayfl.algorithms.fedavg import FedAvg
+from rayfl.algorithms.scaffold import Scaffold
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.availability import AvailabilityModel
@@ -386,3 +388,91 @@ class AfterReturnsTwo(ServerWrapper):
 def short_step(section, lr):
     """A server optimiser whose step misses a coordinate."""
     return ServerOpt(lambda x: {}, lambda d, s: (lr * d[:-1], s, {}))
+
+
+# ----- algorithms and models that edit what rayfl lends them -------------------------------------
+class EditsState(Scaffold):
+    """Nudges its stored control variate in place before training on it."""
+
+    def client_train(self, task, ctx):
+        if task.state is not None:
+            task.state["c"].add_(0.01)
+        return super().client_train(task, ctx)
+
+
+class EditsBroadcastFromRoundTwo(FedAvg):
+    """Moves the broadcast model in place from round 2 on (the pre-flight trains round 1)."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            task.bc["x"].add_(0.01)
+        return super().client_train(task, ctx)
+
+
+class ZeroesXAfterTraining(FedAvg):
+    """Trains, then zeroes the model it started from (ctx.x) from round 2 on."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        if task.t >= 1:
+            ctx.x.mul_(0)
+        return ClientResult(y)
+
+
+class EditsViewOfState(Scaffold):
+    """Edits a slice of its stored control variate (a view shares the tensor's counter)."""
+
+    def client_train(self, task, ctx):
+        if task.state is not None:
+            task.state["c"][:3].zero_()
+        return super().client_train(task, ctx)
+
+
+class ResidualInPlace(ServerWrapper):
+    """A client half that adds to its own stored state in place."""
+
+    def client_apply(self, delta, t, client, ctx):
+        if "seen" in ctx.state:
+            ctx.state["seen"].add_(1.0)
+        else:
+            ctx.state["seen"] = torch.ones(1)
+        return delta
+
+
+class GrowingBuffer(Linear):
+    """Appends every forward's mean score to a registered buffer."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("seen", torch.zeros(1))
+
+    def forward(self, x):
+        out = self.layer(x)
+        self.seen = torch.cat([self.seen, out.detach().mean().reshape(1)])
+        return out
+
+
+class DoubleAfterFiveForwards(Linear):
+    """Counts its forwards in a buffer, which turns float64 after the fifth."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("forwards", torch.zeros(1))
+
+    def forward(self, x):
+        self.forwards.add_(1)
+        if self.forwards.item() > 5 and self.forwards.dtype == torch.float32:
+            self.forwards = self.forwards.double()
+        return self.layer(x)
+
+
+class ReassignedBuffer(Linear):
+    """Keeps a running mean in a buffer it assigns anew every forward (same shape and dtype)."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("mean", torch.zeros(input_shape[0]))
+
+    def forward(self, x):
+        self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        return self.layer(x)

@@ -23,6 +23,7 @@ import ray
 import torch
 
 from rayfl import algorithms
+from rayfl.contract import Lent, calling, name_of
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
 from rayfl.layers import Broadcast, Stack, tree_map
@@ -217,10 +218,15 @@ class ClientWorker:
                 return self.model.layout.mask(name).to(self.device)
 
             def personal(row: int):
-                saved = decode(self.store.load(int(client_ids[row]), int(versions[row])),
-                               self.stack)
-                own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
-                                                                 saved.buffers)
+                client = int(client_ids[row])
+                saved = decode(self.store.load(client, int(versions[row])), self.stack)
+                where = name_of(type(self.algorithm), "personal_model")
+                lent = Lent().add("state", saved.algorithm).add("x", w).add(
+                    "buffers", saved.buffers)
+                with calling(where, t, client):
+                    own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
+                                                                     saved.buffers)
+                lent.check(where, t, client)
                 return own.to(self.device), \
                     None if own_buffers is None else own_buffers.to(self.device)
         return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,
