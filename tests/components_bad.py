@@ -3,6 +3,11 @@ named in configs as ``tests.components_bad:Name`` by tests/test_boundary_runtime
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -475,4 +480,66 @@ class ReassignedBuffer(Linear):
 
     def forward(self, x):
         self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        return self.layer(x)
+
+
+# ----- components that end the process, or pass for a Ctrl-C --------------------------------------
+class ExitsInRoundTwo(FedAvg):
+    """Calls sys.exit(0) in its client procedure from round 2 on."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            sys.exit(0)
+        return super().client_train(task, ctx)
+
+
+class ExitsThree(FedAvg):
+    """Calls sys.exit(3) (the code of a diverged run) in every client procedure."""
+
+    def client_train(self, task, ctx):
+        sys.exit(3)
+
+
+class InterruptsInRoundTwo(FedAvg):
+    """Raises KeyboardInterrupt itself in its client procedure from round 2 on."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            raise KeyboardInterrupt
+        return super().client_train(task, ctx)
+
+
+class SelectorInterrupts(Selector):
+    """Raises KeyboardInterrupt itself when it selects round 2."""
+
+    def select(self, t, rng, online, m, losses):
+        if t == 1:
+            raise KeyboardInterrupt
+        return rng.choice(online, m, replace=False)
+
+
+class CtrlCInRoundTwo(FedAvg):
+    """Sends this process a SIGINT (as Ctrl-C does) in round 2, then waits for it."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+        return super().client_train(task, ctx)
+
+
+class ExitsWhileLoading:
+    """A dataset whose loader calls SystemExit(0)."""
+
+    @staticmethod
+    def load(cfg, seed):
+        raise SystemExit(0)
+
+
+class ExitsWhenEvaluated(Linear):
+    """Trains as a linear model; its evaluation forward (eval mode) calls sys.exit(0)."""
+
+    def forward(self, x):
+        if not self.training:
+            sys.exit(0)
         return self.layer(x)

@@ -151,7 +151,8 @@ class ClientWorker:
             raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
             for layer in layers:  # a label-flipping attacker
-                y = layer.client_labels(y, client, classes)
+                with calling(name_of(layer, "client_labels"), t, client):
+                    y = layer.client_labels(y, client, classes)
 
             def grad_fn(point, idx):
                 idx_t = torch.from_numpy(idx).to(x.device)
@@ -185,7 +186,10 @@ class ClientWorker:
 
     def setup_summaries(self, client_ids) -> np.ndarray:
         """The algorithm's one-off per-client summaries (``client_setup``), one row per client."""
-        rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
+        rows = []
+        for i in client_ids:
+            with calling(name_of(type(self.algorithm), "client_setup"), client=int(i)):
+                rows.append(self.algorithm.client_setup(*self.reader.client(int(i))))
         return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
 
     @torch.no_grad()
