@@ -444,6 +444,21 @@ class ResidualInPlace(ServerWrapper):
         return delta
 
 
+class EditsAggregate(FedAvg):
+    """A server rule that halves the round's mean update in place before stepping."""
+
+    def server_update(self, x, state, agg, srv):
+        agg.delta_mean.mul_(0.5)
+        return super().server_update(x, state, agg, srv)
+
+
+class StepsXInPlace(FedAvg):
+    """A server rule that moves the model it is handed in place and returns it."""
+
+    def server_update(self, x, state, agg, srv):
+        return x.sub_(agg.delta_mean), state, {}
+
+
 class GrowingBuffer(Linear):
     """Appends every forward's mean score to a registered buffer."""
 

@@ -1,8 +1,9 @@
 """What rayfl lends the user's code is read-only, and a model's buffers keep their shape.
 
 The broadcast (``task.bc``, ``ctx.x``), a client's stored state (``task.state``), a layer's
-broadcast and state (``ctx.broadcast``, ``ctx.state``) are shared with other clients, later
-rounds and the checkpoint: an in-place edit of one is refused as one line naming the method and
+broadcast and state (``ctx.broadcast``, ``ctx.state``), and on the server the model, state and
+aggregate ``server_update`` is handed, are shared with other clients, later rounds and the
+checkpoint: an in-place edit of one is refused as one line naming the method and
 the tensor, exit 2, the same in process and on Ray actors (the edit would otherwise give other
 bytes on each, and after a resume). A buffer that changes shape or dtype, or is replaced, during
 training is refused likewise. The check reads version counters only: accepted runs keep their
@@ -61,6 +62,11 @@ EDITS = {
     "a layer's state": ([f"wrappers=[{{name: {BAD}:ResidualInPlace}}]"],
                         f"{BAD}:ResidualInPlace.client_apply (round 2, client ",
                         'edited ctx.state["seen"] in place'),
+    "the server's aggregate": ([f"algorithm.name={BAD}:EditsAggregate"],
+                               f"{BAD}:EditsAggregate.server_update (round 1): edited "
+                               "agg.delta_mean in place"),
+    "the server's x": ([f"algorithm.name={BAD}:StepsXInPlace"],
+                       f"{BAD}:StepsXInPlace.server_update (round 1): edited x in place"),
     "a buffer's dtype": ([f"model.name={BAD}:DoubleAfterFiveForwards"],
                          f"{BAD}:DoubleAfterFiveForwards.forward (round 1, client ",
                          "buffer 'forwards' went from float32 (1,) to float64 (1,) during "
@@ -76,7 +82,8 @@ def test_an_in_place_edit_of_what_is_lent_is_one_line_in_process(case, cli):
     _one_line(err, *phrases)
 
 
-@pytest.mark.parametrize("case", ["state", "broadcast", "a buffer's dtype"])
+@pytest.mark.parametrize("case", ["state", "broadcast", "a buffer's dtype",
+                                  "the server's aggregate"])
 def test_an_in_place_edit_is_the_same_line_on_ray_actors(case, cli, ray_local):
     overrides, *phrases = EDITS[case]
     code, here = cli("inprocess", *overrides)
