@@ -67,24 +67,29 @@ CASES = {
     "sys.exit(0) in an evaluation forward": (
         [f"model.name={BAD}:ExitsWhenEvaluated"],
         f"{BAD}:ExitsWhenEvaluated.forward: raised SystemExit(0) (sys.exit)"),
+    "KeyboardInterrupt in an evaluation forward": (
+        [f"model.name={BAD}:InterruptsWhenEvaluated"],
+        f"{BAD}:InterruptsWhenEvaluated.forward: raised KeyboardInterrupt, though no Ctrl-C"),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_components_exit_is_its_error_in_process(case, cli):
+def test_a_components_exit_is_its_error_in_process(case, cli, tmp_path):
     overrides, *phrases = CASES[case]
     code, out, err = cli("inprocess", *overrides)
     assert code == 2, err
     _component_error(err, *phrases)
     assert not any(line.startswith(("done:", "stopped:")) for line in out)
+    assert (tmp_path / "runs").exists()  # it stopped mid-run, past the pre-flight
 
 
-@pytest.mark.parametrize("case", ["sys.exit(0) in round 2", "KeyboardInterrupt in round 2"])
+@pytest.mark.parametrize("case", list(CASES))
 def test_a_components_exit_is_its_error_on_ray_actors(case, cli, ray_local):
     overrides, *phrases = CASES[case]
-    code, _, err = cli("ray", *overrides)
-    assert code == 2, err
+    code, out, err = cli("ray", *overrides)
+    assert code == 2, err  # in a client actor, or the server actor (an evaluation)
     _component_error(err, *phrases)
+    assert not any(line.startswith(("done:", "stopped:")) for line in out)
 
 
 @pytest.mark.parametrize("overrides, says", [
