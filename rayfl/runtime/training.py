@@ -8,8 +8,8 @@ executor of the math tests (:func:`rayfl.runtime.harness.simulate`) all call it,
 client code path — and one place where what the algorithm hands back is checked, and where
 what the user's code is lent is held read-only (:class:`~rayfl.contract.Lent`): the broadcast
 (``task.bc``, ``ctx.x``), the client's stored state (``task.state``), a layer's broadcast and
-state (``ctx.broadcast``, ``ctx.state``); and the model's buffers keep the shape and dtype they
-were built with, the tensors they were built as (what is averaged and saved).
+state (``ctx.broadcast``, ``ctx.state``); and where the model's buffers keep the tensors, shapes
+and dtypes they were built with (what is averaged and saved).
 """
 
 from __future__ import annotations
