@@ -69,9 +69,12 @@ def name_of(obj: Any, method: str | None = None) -> str:
 
 
 def _is_user_frame(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return not (path.startswith(_RAYFL + os.sep) or path.startswith(_LIBRARY)
-                or filename.startswith("<"))
+    """Whether a frame's file is the user's: an absolute path (compiled extensions, Ray's
+    ``python/ray/_raylet.pyx``, name theirs relative to their build) outside rayfl and the
+    installed packages."""
+    path = os.path.normpath(filename)
+    return os.path.isabs(path) and not (path.startswith(_RAYFL + os.sep)
+                                        or path.startswith(_LIBRARY))
 
 
 def user_frames(tb) -> str:

@@ -142,3 +142,14 @@ def test_own_exits_names_the_users_function_and_passes_a_ctrl_c():
     with pytest.raises(KeyboardInterrupt):
         with own_exits():
             _interrupt_myself()
+
+
+def test_a_frame_of_a_compiled_extension_is_not_the_users():
+    """Ray's Cython frames name their files relative to its build: a SIGTERM that interrupts
+    ``ray.wait`` is an interruption, not a KeyboardInterrupt of the user's code."""
+    from rayfl.contract import _is_user_frame
+
+    assert not _is_user_frame("python/ray/_raylet.pyx")
+    assert not _is_user_frame(os.path.join(os.path.dirname(sys.modules["rayfl"].__file__),
+                                           "cli.py"))
+    assert _is_user_frame(__file__)
