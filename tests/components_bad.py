@@ -3,7 +3,6 @@ named in configs as ``tests.components_bad:Name`` by tests/test_boundary_runtime
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import sys
