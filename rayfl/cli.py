@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rayfl.contract import ComponentError
+from rayfl.contract import ComponentError, own_exits
 from rayfl.runtime.cluster import RayStartError
 from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             from rayfl.config import check_given_once
 
             check_given_once(args.overrides)
-        return args.fn(args)
+        with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error, not a result
+            return args.fn(args)
     except (ConfigError, CheckpointError) as e:
         print(f"rayfl: error: {e}", file=sys.stderr)
         return 2

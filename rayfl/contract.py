@@ -7,6 +7,12 @@ contract, or an exception the user's code raises, reaches the user as one
 :class:`ComponentError`: a line naming the component (``module:Name.method``), the round and
 client where it happened and what was wrong, followed by the user's own frames only — never a
 Ray or C++ dump. The command line prints it and exits with status 2.
+
+What rayfl lends a call (the broadcast, a client's stored state, the server's state) is shared
+with other clients, later rounds and the checkpoint, so the user's code reads it and never
+edits it: a :class:`Lent` notes the tensors' version counters before the call (torch moves a
+tensor's counter at every in-place operation, on it or a view of it) and refuses a counter
+that moved after it, naming the tensor — a check that costs nothing and touches no value.
 """
 
 from __future__ import annotations
@@ -63,9 +69,12 @@ def name_of(obj: Any, method: str | None = None) -> str:
 
 
 def _is_user_frame(filename: str) -> bool:
-    path = os.path.abspath(filename)
-    return not (path.startswith(_RAYFL + os.sep) or path.startswith(_LIBRARY)
-                or filename.startswith("<"))
+    """Whether a frame's file is the user's: an absolute path (compiled extensions, Ray's
+    ``python/ray/_raylet.pyx``, name theirs relative to their build) outside rayfl and the
+    installed packages."""
+    path = os.path.normpath(filename)
+    return os.path.isabs(path) and not (path.startswith(_RAYFL + os.sep)
+                                        or path.startswith(_LIBRARY))
 
 
 def user_frames(tb) -> str:
@@ -80,7 +89,9 @@ def calling(component: str, round: int | None = None, client: int | None = None
     """Run a call into the user's ``component``: an exception it raises becomes a
     :class:`ComponentError` naming the component, the round and the client, carrying the user's
     frames (a :class:`ComponentError` raised inside gets the round and client filled in; a
-    :class:`~rayfl.schema.ConfigError` names a key already and passes unchanged)."""
+    :class:`~rayfl.schema.ConfigError` names a key already and passes unchanged). SystemExit
+    and KeyboardInterrupt are the component's error too — except a KeyboardInterrupt of a
+    signal that came meanwhile (:func:`signals_watched`): the user's Ctrl-C passes."""
     from rayfl.schema import ConfigError
 
     try:
@@ -89,10 +100,144 @@ def calling(component: str, round: int | None = None, client: int | None = None
         raise e.at(round, client) from None
     except ConfigError:
         raise
-    except Exception as e:  # noqa: BLE001 - the user's code may raise anything
-        problem = f"raised {type(e).__name__}: {e}" if str(e) else f"raised {type(e).__name__}"
-        raise ComponentError(component, problem, round, client,
+    except KeyboardInterrupt as e:
+        if interrupted():  # a Ctrl-C (or SIGTERM) that came while the user's code ran
+            raise
+        raise ComponentError(component, ended(e), round, client,
                              user_frames(e.__traceback__)) from None
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the user's code may raise anything
+        raise ComponentError(component, ended(e) if isinstance(e, SystemExit) else
+                             f"raised {type(e).__name__}: {e}" if str(e) else
+                             f"raised {type(e).__name__}", round, client,
+                             user_frames(e.__traceback__)) from None
+
+
+def ended(e: BaseException) -> str:
+    """What a component that raised SystemExit or KeyboardInterrupt itself did: it would end
+    the run, or pass for a Ctrl-C, without rayfl's summary."""
+    what = f"SystemExit({e.code!r}) (sys.exit)" if isinstance(e, SystemExit) else \
+        "KeyboardInterrupt, though no Ctrl-C came"
+    return (f"raised {what}; a component does not end the run: raise an exception saying "
+            "what went wrong")
+
+
+#: the signals (SIGINT, SIGTERM) that reached this process while :func:`signals_watched`
+_signals: list[int] = []
+_watching = [0]  # how deep signals_watched is entered
+
+
+def interrupted() -> bool:
+    """Whether a SIGINT or SIGTERM reached this process since :func:`signals_watched` was
+    entered: a KeyboardInterrupt then is the user's Ctrl-C, not one their code raised."""
+    return bool(_signals)
+
+
+@contextlib.contextmanager
+def signals_watched() -> Iterator[None]:
+    """Note every SIGINT and SIGTERM before the handler that was there runs (the handlers
+    themselves are unchanged), so that :func:`calling` tells a Ctrl-C from a KeyboardInterrupt
+    the user's code raises. Nests; in the main thread only (elsewhere no signal arrives, and a
+    KeyboardInterrupt is always the code's own)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if not _watching[0]:
+        _signals.clear()
+    replaced = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(sig)
+        if callable(handler) and not getattr(handler, "noted", False):
+            def note(signum, frame, handler=handler):
+                _signals.append(signum)
+                return handler(signum, frame)
+
+            note.noted = True
+            replaced[sig] = handler
+            signal.signal(sig, note)
+    _watching[0] += 1
+    try:
+        yield
+    finally:
+        _watching[0] -= 1
+        for sig, handler in replaced.items():
+            signal.signal(sig, handler)
+
+
+class Lent:
+    """The tensors lent to one call into the user's code, each by the name the user reads it
+    by (``task.state["c"]``), with their version counters; :meth:`check` after the call."""
+
+    def __init__(self):
+        self.items: list[tuple[str, Any, int]] = []
+
+    def add(self, name: str, value: Any) -> "Lent":
+        """Lend ``value``: a tensor, or the tensors in a dict, list, tuple or dataclass
+        (``name["key"]``, ``name[0]``, ``name.field``)."""
+        import dataclasses
+
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            version = _version(value)
+            if version is not None:
+                self.items.append((name, value, version))
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                self.add(f'{name}["{key}"]' if isinstance(key, str) else f"{name}[{key!r}]",
+                         inner)
+        elif isinstance(value, (list, tuple)):
+            for i, inner in enumerate(value):
+                self.add(f"{name}[{i}]", inner)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                self.add(f"{name}.{f.name}", getattr(value, f.name))
+        return self
+
+    def check(self, component: str, round: int | None = None,
+              client: int | None = None) -> None:
+        """ComponentError naming ``component`` and the first lent tensor it edited in place."""
+        for name, tensor, version in self.items:
+            if _version(tensor) != version:
+                raise ComponentError(component, f"edited {name} in place; what rayfl lends is "
+                                                "read-only (other clients, later rounds and the "
+                                                "checkpoint share it): compute a new tensor, or "
+                                                ".clone() it first", round, client)
+
+
+def _version(tensor: Any) -> int | None:
+    """A tensor's version counter (None: an inference tensor, which keeps none)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+@contextlib.contextmanager
+def own_exits() -> Iterator[None]:
+    """Within: a SystemExit, or a KeyboardInterrupt no signal caused, that the user's code
+    raises where rayfl calls it outside :func:`calling` is a ComponentError naming the user's
+    function it was raised in (its innermost frame in the user's files), with the user's
+    frames; one raised anywhere else (a Ctrl-C, rayfl's own) passes unchanged."""
+    with signals_watched():
+        try:
+            yield
+        except (SystemExit, KeyboardInterrupt) as e:
+            where = raised_in(e.__traceback__)
+            if where is None or isinstance(e, KeyboardInterrupt) and interrupted():
+                raise
+            raise ComponentError(where, ended(e), frames=user_frames(e.__traceback__)) from None
+
+
+def raised_in(tb) -> str | None:
+    """``module:function`` of the innermost frame of traceback ``tb`` in the user's files
+    (None: none is)."""
+    frames = [f for f, _ in traceback.walk_tb(tb) if _is_user_frame(f.f_code.co_filename)]
+    if not frames:
+        return None
+    return f"{frames[-1].f_globals.get('__name__', '?')}:{frames[-1].f_code.co_qualname}"
 
 
 def expect(ok: bool, component: str, problem: str, round: int | None = None,

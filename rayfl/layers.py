@@ -35,7 +35,7 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (calling, describe, expect, name_of, returned, returned_metrics,
+from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
                             returned_vector)
 from rayfl.schema import NoParams
 
@@ -487,8 +487,10 @@ class Stack:
                    f"returned {describe(agg)} as the aggregate; expected an Aggregate", t)
             metrics.update(returned_metrics(m, name, t))
         name = name_of(self.algorithm, "server_update")
+        lent = Lent().add("x", state.x).add("state", state.algorithm).add("agg", agg)
         with calling(name, round=t):
             out = self.algorithm.server_update(state.x, state.algorithm, agg, srv)
+        lent.check(name, t)  # the round's model, state and sums: read, never edited in place
         x, own, m = returned(out, ("x", "state", "metrics"), name, t)
         x = returned_vector(x, state.x, name, "its x", t)
         metrics.update(returned_metrics(m, name, t))

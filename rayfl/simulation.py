@@ -21,6 +21,7 @@ from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
+from rayfl.contract import own_exits
 from rayfl.data import prepare
 from rayfl.data.regime import check_regime
 from rayfl.metrics import provenance
@@ -199,7 +200,8 @@ def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
         return bool(on_round is not None and on_round(info))
 
     try:
-        return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+        with own_exits():
+            return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
@@ -270,16 +272,17 @@ def preflight(cfg: Config):
     and the user's components run once (:mod:`rayfl.preflight`), before anything is written."""
     from rayfl.availability import check_files
 
-    handle = prepare(cfg.data, cfg.seed)
-    model = check_fits(cfg.model, handle)
-    compat.check_model(cfg, model)
-    check_model(cfg, model, handle)
-    check_data(cfg, handle)
-    check_regime(cfg.data, handle)
-    check_single_rows(model, handle, cfg.local.batch_size)
-    check_files(cfg.availability, handle.num_clients)
-    algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
-    user_preflight.run(cfg, handle)  # each of the user's components once, nothing written
+    with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
+        handle = prepare(cfg.data, cfg.seed)
+        model = check_fits(cfg.model, handle)
+        compat.check_model(cfg, model)
+        check_model(cfg, model, handle)
+        check_data(cfg, handle)
+        check_regime(cfg.data, handle)
+        check_single_rows(model, handle, cfg.local.batch_size)
+        check_files(cfg.availability, handle.num_clients)
+        algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
+        user_preflight.run(cfg, handle)  # each of the user's components once, nothing written
     return handle
 
 

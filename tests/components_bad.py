@@ -3,13 +3,19 @@ named in configs as ``tests.components_bad:Name`` by tests/test_boundary_runtime
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import nn
 
+from rayfl.algorithms.base import ClientResult
 from rayfl.algorithms.fedavg import FedAvg
+from rayfl.algorithms.scaffold import Scaffold
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.availability import AvailabilityModel
@@ -386,3 +392,179 @@ class AfterReturnsTwo(ServerWrapper):
 def short_step(section, lr):
     """A server optimiser whose step misses a coordinate."""
     return ServerOpt(lambda x: {}, lambda d, s: (lr * d[:-1], s, {}))
+
+
+# ----- algorithms and models that edit what rayfl lends them -------------------------------------
+class EditsState(Scaffold):
+    """Nudges its stored control variate in place before training on it."""
+
+    def client_train(self, task, ctx):
+        if task.state is not None:
+            task.state["c"].add_(0.01)
+        return super().client_train(task, ctx)
+
+
+class EditsBroadcastFromRoundTwo(FedAvg):
+    """Moves the broadcast model in place from round 2 on (the pre-flight trains round 1)."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            task.bc["x"].add_(0.01)
+        return super().client_train(task, ctx)
+
+
+class ZeroesXAfterTraining(FedAvg):
+    """Trains, then zeroes the model it started from (ctx.x) from round 2 on."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        if task.t >= 1:
+            ctx.x.mul_(0)
+        return ClientResult(y)
+
+
+class EditsViewOfState(Scaffold):
+    """Edits a slice of its stored control variate (a view shares the tensor's counter)."""
+
+    def client_train(self, task, ctx):
+        if task.state is not None:
+            task.state["c"][:3].zero_()
+        return super().client_train(task, ctx)
+
+
+class ResidualInPlace(ServerWrapper):
+    """A client half that adds to its own stored state in place."""
+
+    def client_apply(self, delta, t, client, ctx):
+        if "seen" in ctx.state:
+            ctx.state["seen"].add_(1.0)
+        else:
+            ctx.state["seen"] = torch.ones(1)
+        return delta
+
+
+class EditsAggregate(FedAvg):
+    """A server rule that halves the round's mean update in place before stepping."""
+
+    def server_update(self, x, state, agg, srv):
+        agg.delta_mean.mul_(0.5)
+        return super().server_update(x, state, agg, srv)
+
+
+class StepsXInPlace(FedAvg):
+    """A server rule that moves the model it is handed in place and returns it."""
+
+    def server_update(self, x, state, agg, srv):
+        return x.sub_(agg.delta_mean), state, {}
+
+
+class GrowingBuffer(Linear):
+    """Appends every forward's mean score to a registered buffer."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("seen", torch.zeros(1))
+
+    def forward(self, x):
+        out = self.layer(x)
+        self.seen = torch.cat([self.seen, out.detach().mean().reshape(1)])
+        return out
+
+
+class DoubleAfterFiveForwards(Linear):
+    """Counts its forwards in a buffer, which turns float64 after the fifth."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("forwards", torch.zeros(1))
+
+    def forward(self, x):
+        self.forwards.add_(1)
+        if self.forwards.item() > 5 and self.forwards.dtype == torch.float32:
+            self.forwards = self.forwards.double()
+        return self.layer(x)
+
+
+class ReassignedBuffer(Linear):
+    """Keeps a running mean in a buffer it assigns anew every forward (same shape and dtype)."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__(input_shape, num_classes)
+        self.register_buffer("mean", torch.zeros(input_shape[0]))
+
+    def forward(self, x):
+        self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        return self.layer(x)
+
+
+# ----- components that end the process, or pass for a Ctrl-C --------------------------------------
+class ExitsInRoundTwo(FedAvg):
+    """Calls sys.exit(0) in its client procedure from round 2 on."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            sys.exit(0)
+        return super().client_train(task, ctx)
+
+
+class ExitsThree(FedAvg):
+    """Calls sys.exit(3) (the code of a diverged run) in every client procedure."""
+
+    def client_train(self, task, ctx):
+        sys.exit(3)
+
+
+class InterruptsInRoundTwo(FedAvg):
+    """Raises KeyboardInterrupt itself in its client procedure from round 2 on."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            raise KeyboardInterrupt
+        return super().client_train(task, ctx)
+
+
+class SelectorInterrupts(Selector):
+    """Raises KeyboardInterrupt itself when it selects round 2."""
+
+    def select(self, t, rng, online, m, losses):
+        if t == 1:
+            raise KeyboardInterrupt
+        return rng.choice(online, m, replace=False)
+
+
+class CtrlCInRoundTwo(FedAvg):
+    """Sends this process a SIGINT (as Ctrl-C does) in round 2, then waits for it."""
+
+    def client_train(self, task, ctx):
+        if task.t >= 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(60)
+        return super().client_train(task, ctx)
+
+
+class ExitsWhileLoading:
+    """A dataset whose loader calls SystemExit(0)."""
+
+    @staticmethod
+    def load(cfg, seed):
+        raise SystemExit(0)
+
+
+class ExitsWhenEvaluated(Linear):
+    """Trains as a linear model; its evaluation forward on the test set (eval mode, more rows
+    than the pre-flight's batches) calls sys.exit(0)."""
+
+    def forward(self, x):
+        if not self.training and len(x) > 100:
+            sys.exit(0)
+        return self.layer(x)
+
+
+class InterruptsWhenEvaluated(Linear):
+    """Trains as a linear model; its evaluation forward on the test set raises
+    KeyboardInterrupt itself."""
+
+    def forward(self, x):
+        if not self.training and len(x) > 100:
+            raise KeyboardInterrupt
+        return self.layer(x)

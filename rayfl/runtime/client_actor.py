@@ -23,6 +23,7 @@ import ray
 import torch
 
 from rayfl import algorithms
+from rayfl.contract import Lent, calling, name_of
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
 from rayfl.layers import Broadcast, Stack, tree_map
@@ -154,7 +155,8 @@ class ClientWorker:
             raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
             for layer in layers:  # a label-flipping attacker
-                y = layer.client_labels(y, client, classes)
+                with calling(name_of(layer, "client_labels"), t, client):
+                    y = layer.client_labels(y, client, classes)
 
             def grad_fn(point, idx):
                 idx_t = torch.from_numpy(idx).to(x.device)
@@ -188,7 +190,10 @@ class ClientWorker:
 
     def setup_summaries(self, client_ids) -> np.ndarray:
         """The algorithm's one-off per-client summaries (``client_setup``), one row per client."""
-        rows = [self.algorithm.client_setup(*self.reader.client(int(i))) for i in client_ids]
+        rows = []
+        for i in client_ids:
+            with calling(name_of(type(self.algorithm), "client_setup"), client=int(i)):
+                rows.append(self.algorithm.client_setup(*self.reader.client(int(i))))
         return np.stack([np.asarray(r, dtype=np.float64) for r in rows])
 
     @torch.no_grad()
@@ -221,10 +226,15 @@ class ClientWorker:
                 return self.model.layout.mask(name).to(self.device)
 
             def personal(row: int):
-                saved = decode(self.store.load(int(client_ids[row]), int(versions[row])),
-                               self.stack)
-                own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
-                                                                 saved.buffers)
+                client = int(client_ids[row])
+                saved = decode(self.store.load(client, int(versions[row])), self.stack)
+                where = name_of(type(self.algorithm), "personal_model")
+                lent = Lent().add("state", saved.algorithm).add("x", w).add(
+                    "buffers", saved.buffers)
+                with calling(where, t, client):
+                    own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
+                                                                     saved.buffers)
+                lent.check(where, t, client)
                 return own.to(self.device), \
                     None if own_buffers is None else own_buffers.to(self.device)
         return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,

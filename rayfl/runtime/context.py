@@ -61,7 +61,8 @@ class LocalContext:
     # ----- what the round is -----------------------------------------------------------------
     @property
     def x(self) -> Vec:
-        """Where local training starts (the broadcast's ``x``)."""
+        """Where local training starts (the broadcast's ``x``), read-only like all the
+        broadcast: an in-place edit stops the run naming it (clone it to train on a copy)."""
         return self.task.bc["x"]
 
     @property

@@ -19,6 +19,7 @@ import torch
 from rayfl import algorithms, privacy
 from rayfl.availability import make_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
+from rayfl.contract import own_exits
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
@@ -147,7 +148,8 @@ class Server:
         :class:`~rayfl.runtime.storage.StorageError`.
         """
         try:
-            return self._run(max_rounds, on_progress)
+            with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
+                return self._run(max_rounds, on_progress)
         except OSError as e:
             raise storage.StorageError.of(e) from None
 

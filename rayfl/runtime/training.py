@@ -5,7 +5,11 @@ in order, load its state, run the algorithm's ``client_train``, pass the upload 
 layers' client halves, save the new state and add the result to the group's
 :class:`PartialSum`. A Ray client actor, the in-process executor and the gradient-function
 executor of the math tests (:func:`rayfl.runtime.harness.simulate`) all call it, so there is one
-client code path — and one place where what the algorithm hands back is checked.
+client code path — and one place where what the algorithm hands back is checked, and where
+what the user's code is lent is held read-only (:class:`~rayfl.contract.Lent`): the broadcast
+(``task.bc``, ``ctx.x``), the client's stored state (``task.state``), a layer's broadcast and
+state (``ctx.broadcast``, ``ctx.state``); and where the model's buffers keep the tensors, shapes
+and dtypes they were built with (what is averaged and saved).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from rayfl import rng
 from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
-from rayfl.contract import ComponentError, calling, describe, name_of, returned_vector
+from rayfl.contract import ComponentError, Lent, calling, describe, name_of, returned_vector
 from rayfl.layers import Broadcast, ClientContext, ClientState, Stack
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.client_state import decode, encode
@@ -57,9 +61,12 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext) -> Cli
     :class:`~rayfl.contract.ComponentError` naming the method, the round and the client when it
     raises or hands back something else than its contract says."""
     where = name_of(type(algorithm), "client_train")
+    x = task.bc["x"]
+    lent = Lent().add('task.bc["x"] (ctx.x)', x).add(
+        "task.bc", {k: v for k, v in task.bc.items() if k != "x"}).add("task.state", task.state)
     with calling(where, task.t, task.client_id):
         result = algorithm.client_train(task, ctx)
-    x = task.bc["x"]
+    lent.check(where, task.t, task.client_id)
 
     def fail(problem: str):
         raise ComponentError(where, problem, task.t, task.client_id)
@@ -90,6 +97,61 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext) -> Cli
     return result
 
 
+def settle(algorithm: Algorithm, state: dict, messages, t: int, client: int) -> dict:
+    """The algorithm's ``client_settle`` of a stored state (which it reads, never edits)."""
+    where = name_of(type(algorithm), "client_settle")
+    lent = Lent().add("state", state)
+    with calling(where, t, client):
+        settled = algorithm.client_settle(state, messages)
+    lent.check(where, t, client)
+    return settled
+
+
+#: a model's persistent buffers: (name, shape, dtype)
+Buffers = list[tuple[str, torch.Size, torch.dtype]]
+
+
+def _named_buffers(model) -> list[tuple[str, torch.Tensor]]:
+    """The model's persistent buffers by name, in ``persistent_buffers``' order."""
+    return [(f"{prefix}{'.' if prefix else ''}{name}", b)
+            for prefix, mod in model.module.named_modules()
+            for name, b in mod.named_buffers(recurse=False)
+            if b is not None and name not in mod._non_persistent_buffers_set]
+
+
+def buffer_layout(model) -> Buffers:
+    """The names, shapes and dtypes of the model's persistent buffers now."""
+    return [(name, b.shape, b.dtype) for name, b in _named_buffers(model)]
+
+
+def check_buffers(model, before: Buffers, t: int, client: int) -> None:
+    """ComponentError naming the model's forward when a buffer changed shape or dtype during
+    a client's training (``before``: the layout when it started), or was replaced by another
+    tensor: rayfl averages, saves and sets the buffers the model registered, in their shape."""
+    where = name_of(type(model.module), "forward")
+    now = _named_buffers(model)
+
+    def fail(problem: str):
+        raise ComponentError(where, f"{problem} during training; a buffer keeps the shape and "
+                                    "dtype it was built with and is updated in place (rayfl "
+                                    "averages and saves the buffers the model registered)",
+                             t, client)
+
+    if [name for name, _ in now] != [name for name, *_ in before]:
+        fail(f"its buffers went from {[n for n, *_ in before]} to {[n for n, _ in now]}")
+    for (name, b), (_, shape, dtype), kept in zip(now, before, model.buffers):
+        if b.shape != shape or b.dtype != dtype:
+            fail(f"buffer {name!r} went from {_of(dtype)} {tuple(shape)} to {_of(b.dtype)} "
+                 f"{tuple(b.shape)}")
+        if b is not kept:
+            fail(f"buffer {name!r} was replaced by another tensor (assigned, not updated in "
+                 "place)")
+
+
+def _of(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc: Broadcast,
                  lr: float, t: int, seed: int, source: Source, store: Store, spec: LocalSpec,
                  on_model: Callable[[int, Vec], None] | None = None, messages=None):
@@ -110,27 +172,32 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             saved = decode(store.load(client, version), stack)
             state = saved.algorithm
             if state is not None and traits.has("settle"):
-                state = algorithm.client_settle(state, messages.load(version))
+                state = settle(algorithm, state, messages.load(version), t, client)
             if data.has_buffers:
                 own = traits.local_buffers and saved.buffers is not None
                 data.model.set_buffers(saved.buffers if own else bc.buffers)
+                built = buffer_layout(data.model)
             steps = spec.num_steps(data.n)
-            task = ClientTask(client, t, lr, weight, bc.algorithm, state,
+            task = ClientTask(client, t, lr, weight, dict(bc.algorithm), state,
                               steps if budget is None else min(steps, budget))
             ctx = LocalContext(task, data, spec, rng.client_stream(seed, t, client), budget)
             result = run_client(algorithm, task, ctx)
+            if data.has_buffers:
+                check_buffers(data.model, built, t, client)
             if on_model is not None:
                 on_model(client, result.model)
             delta = x - result.model if result.upload is None else result.upload
             loss = ctx.mean_loss()
             kept, payloads = [], []
             for i, layer in enumerate(layers):
-                lc = ClientContext(t, client, loss, weight, data.n, bc.layers[i],
+                lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
                                    dict(saved.layers[i] or {}))
                 name = name_of(layer, "client_apply")
+                lent = Lent().add("ctx.broadcast", bc.layers[i]).add("ctx.state", saved.layers[i])
                 with calling(name, round=t, client=client):
                     delta = returned_vector(layer.client_apply(delta, t, client, lc), x, name,
                                             "the upload it returned", t)
+                lent.check(name, t, client)
                 kept.append(lc.state or None)
                 payloads.append(lc.payload)
             buffers = data.model.get_buffers() if data.has_buffers else None
