@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rayfl import registry
 from rayfl.schema import ConfigError, to_dict
 
 
@@ -129,11 +130,14 @@ RULES: tuple[Rule, ...] = (
                    f"({r.traits.averaging})",
          value=lambda r: next(c.name for _, c in r.wrappers if c.traits.averages_rounds)),
     # ----- privacy (DP-FedAvg) ----------------------------------------------------------------
-    Rule("privacy", lambda r: r.cfg.privacy is not None and not r.traits.dp_post_processing,
-         lambda r: f"an algorithm whose server only post-processes the noised mean update "
-                   f"({_names(lambda c: c.traits.dp_post_processing)}); {r.name} sends or "
-                   "reads per-client quantities the mechanism does not privatise",
-         value=lambda r: r.name),
+    Rule("algorithm.name",
+         lambda r: r.cfg.privacy is not None and not r.traits.dp_post_processing,
+         lambda r: f"with privacy, an algorithm whose server only post-processes the noised "
+                   f"mean update ({_names(lambda c: c.traits.dp_post_processing)}, or your own "
+                   "declaring Traits(dp_post_processing=True)); "
+                   + (f"{r.name} sends or reads per-client quantities the mechanism does not "
+                      "privatise" if registry.is_builtin("algorithm", r.name) else
+                      f"{r.name} does not declare it")),
     Rule("aggregation.weighting", lambda r: r.cfg.privacy is not None and r.weighting != "uniform",
          lambda r: "uniform or auto with privacy (DP-FedAvg's fixed-denominator estimator "
                    "gives every client weight 1)"),
@@ -293,10 +297,18 @@ def check(cfg) -> None:
 
 
 def check_model(cfg, module) -> None:
-    """The rules that need the model: its buffers (BatchNorm statistics)."""
+    """The rules that need the model: its buffers (BatchNorm statistics), its dimension against
+    the privacy audit's canaries."""
     from rayfl.models.flat import persistent_buffers
 
     run = run_of(cfg, bool(persistent_buffers(module)))
     for rule in RULES:
         if rule.needs_model:
             rule.check(run)
+    canaries = 0 if cfg.privacy is None else cfg.privacy.audit_canaries
+    dim = sum(p.numel() for p in module.parameters())
+    if 2 * canaries > dim:
+        raise ConfigError("privacy.audit_canaries", canaries,
+                          f"at most {dim // 2} for a model of {dim} parameters (the canaries' "
+                          "and as many null directions' cosines need a dimension well above "
+                          "their number; more parameters, or fewer canaries)")

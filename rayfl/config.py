@@ -151,6 +151,9 @@ def from_dict(raw: dict) -> Config:
     if isinstance(raw.get("wrappers"), list):  # `wrappers: [ima]` is `[{name: ima}]`
         raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
                                    for e in raw["wrappers"]]}
+    from rayfl.privacy.rules import check_given
+
+    check_given(raw.get("privacy"))
     cfg = schema.build(Config, raw)
     from rayfl.algorithms import legacy
     from rayfl.algorithms.base import declaration_problem
@@ -180,10 +183,9 @@ def check_privacy(cfg: Config) -> None:
     """The ``privacy`` section's own rules: the count's noise share, a reachable target ε."""
     if cfg.privacy is None:
         return
-    if cfg.privacy.mechanism != "dp_fedavg":  # DP-FTRL, banded MF: their own keys' rules
-        from rayfl.privacy.rules import check_run
+    from rayfl.privacy.rules import check_run
 
-        check_run(cfg)
+    check_run(cfg)
     ad = cfg.privacy.adaptive_clip
     if ad is not None:
         sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20

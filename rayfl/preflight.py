@@ -41,6 +41,7 @@ import torch
 
 from rayfl import registry
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
+from rayfl.privacy.rules import check_sent
 from rayfl.schema import ConfigError
 
 
@@ -134,7 +135,10 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
     for acc in sums.values():  # what the layers' client halves put in their payloads
         stack.payload_sums(acc.layer_sums(len(stack.layers)), 0)
     total = merge(sums[g] for g in sorted(sums))
-    stack.check_reports([*total.extras, *total.rows], total.layer_sums(len(stack.layers)), 0)
+    sent = [*total.extras, *total.rows]
+    stack.check_reports(sent, total.layer_sums(len(stack.layers)), 0)
+    if cfg.privacy is not None:
+        check_sent(cfg.privacy, {*sent, *(k for own in total.layers for k in own)})
 
 
 def _sections(cfg) -> list[tuple[str, object]]:

@@ -104,7 +104,7 @@ def test_epsilon_grows_with_rounds_and_target_bounds_them():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (["algorithm.name=scaffold"], "privacy"),
+    (["algorithm.name=scaffold"], "algorithm.name"),
     (["aggregation.weighting=samples"], "aggregation.weighting"),
     (["availability.model=bernoulli"], "availability.model"),
     (["availability.overcommit=1.5"], "availability.overcommit"),

@@ -566,7 +566,7 @@ MISUSE = [
     (["privacy.mechanism=dp_ftrl", "aggregation.mode=fedbuff"], "aggregation.mode"),
     (["privacy.mechanism=banded_mf", "privacy.bands=1", "aggregation.mode=fedasync"],
      "aggregation.mode"),
-    (["privacy.mechanism=dp_ftrl", "algorithm.name=scaffold"], "privacy"),
+    (["privacy.mechanism=dp_ftrl", "algorithm.name=scaffold"], "algorithm.name"),
     (["privacy.mechanism=dp_ftrl", "aggregation.weighting=samples"], "aggregation.weighting"),
     (["privacy.mechanism=dp_ftrl", "privacy.target_epsilon=0.01"], "privacy.target_epsilon"),
     (["privacy.mechanism=dp_sgd"], "privacy.mechanism"),

@@ -235,13 +235,15 @@ class ServerRound:
     def step(self, direction: Vec, x: Vec | None = None) -> Vec:
         """x − opt(direction) (x: the round's model unless given); the optimiser's state and
         metrics are updated."""
-        from rayfl.contract import (calling, expect, name_of, returned, returned_metrics,
+        from rayfl.contract import (Lent, calling, expect, name_of, returned, returned_metrics,
                                     returned_vector)
         from rayfl.layers import unencodable
 
         name = name_of(self.optimizer.update)
+        lent = Lent().add("its direction", direction)  # often the aggregate itself
         with calling(name, round=self.t):
             out = self.optimizer.update(direction, self.opt_state)
+        lent.check(name, self.t)
         step, self.opt_state, metrics = returned(out, ("step", "state", "metrics"), name,
                                                  self.t)
         step = returned_vector(step, direction, name, "its step", self.t)

@@ -3,6 +3,7 @@ MF need from the rest of the run (a ConfigError naming the key and the reason)."
 
 from __future__ import annotations
 
+from rayfl import registry
 from rayfl.schema import ConfigError
 
 #: keys that only some mechanisms read -> those mechanisms
@@ -50,12 +51,45 @@ def check_section(p, prefix: str) -> None:
                               "columns of C disjoint: the sensitivity ε is computed from)")
 
 
+#: keys that describe a private run but do not make one
+DESCRIBING = ("public_reports", "audit_canaries")
+
+
+def check_given(raw) -> None:
+    """A ``privacy`` section as written that sets only keys describing a private run would
+    switch DP on with the default noise and clip norm: refused, saying what makes a run
+    private."""
+    if isinstance(raw, dict) and raw and set(raw) <= set(DESCRIBING):
+        raise ConfigError(f"privacy.{next(iter(raw))}", next(iter(raw.values())),
+                          "a privacy section that also sets its noise (privacy.noise_multiplier "
+                          "and privacy.clip_norm): public_reports and audit_canaries describe a "
+                          "private run, they do not make one")
+
+
 def check_run(cfg) -> None:
-    """DP-FTRL's and banded MF's keys against the run's rounds (what they need of the rest of
-    the run — uniform selection, independent availability, synchronous rounds — is in
+    """DP-FTRL's and banded MF's keys against the run's rounds, and public reports against the
+    components that could send them (what the mechanisms need of the rest of the run —
+    uniform selection, independent availability, synchronous rounds — is in
     :mod:`rayfl.compat`)."""
     p = cfg.privacy
-    for key in ("bands", "restart"):
+    for key in ("bands", "restart"):  # DP-FTRL's and banded MF's (None under dp_fedavg)
         value = getattr(p, key)
         if value is not None and value > cfg.rounds:
             raise ConfigError(f"privacy.{key}", value, f"at most rounds = {cfg.rounds}")
+    own = [s for s in (cfg.algorithm, *cfg.wrappers)
+           if not registry.is_builtin(s.KIND, s.component_name)]
+    if p.public_reports and not own:
+        raise ConfigError("privacy.public_reports", p.public_reports,
+                          "[] when the algorithm and the wrappers are rayfl's own: none of them "
+                          "sends a report beside the update")
+
+
+def check_sent(p, sent: set[str]) -> None:
+    """Every key declared public is one a client half sent in the pre-flight's round (a name
+    nothing sends would label ε as excluding a report that does not exist)."""
+    unsent = [key for key in p.public_reports if key not in sent]
+    if unsent:
+        raise ConfigError("privacy.public_reports", p.public_reports,
+                          f"keys a client half sends beside the update; nothing sent "
+                          f"{', '.join(map(repr, unsent))} (sent: "
+                          f"{', '.join(map(repr, sorted(sent))) or 'nothing'})")
