@@ -16,7 +16,7 @@ import dataclasses
 import inspect
 
 from rayfl import registry
-from rayfl.contract import ComponentError, calling, describe, name_of, user_frames
+from rayfl.contract import ComponentError, Lent, calling, describe, name_of, user_frames
 from rayfl.models.flat import FlatModel, sha256_of
 from rayfl.models.rec import rec_metrics
 from rayfl.schema import ConfigError
@@ -176,11 +176,13 @@ def _check_scores(model_cfg, model, handle, batch, what: str) -> None:
     forward = _forward_name(model, registry.resolve("model", model_cfg.name))
     expected = (len(batch), handle.num_classes) + ((handle.label_len,) if handle.label_len
                                                    else ())
+    lent = Lent().add("its input", batch)  # evaluation lends the server's test set
     with torch.no_grad(), calling(forward):
         try:
             out = model.eval()(batch)
         except _DATA_ERRORS as e:
             raise ConfigError("model.name", model_cfg.name, _takes(handle, e)) from None
+    lent.check(forward)
     if not isinstance(out, torch.Tensor):
         raise ComponentError(forward, f"returned {describe(out)} for {what}; expected one "
                              f"tensor of scores of shape {expected}")

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rayfl.contract import Lent, name_of
 from rayfl.models.metrics import accuracy
 
 
@@ -132,10 +133,13 @@ class FlatModel:
 
     @torch.no_grad()
     def predict(self, point: torch.Tensor, x: torch.Tensor, batch_size: int = 1000):
-        """Outputs of ``point`` on ``x``, in batches (eval mode)."""
+        """Outputs of ``point`` on ``x``, in batches (eval mode); ``x`` (the server's test set,
+        a client's held-out rows) is lent: a forward that edits its input in place is named."""
         self.load(point)
         self.module.eval()
+        lent = Lent().add("its input", x)
         out = torch.cat([self.module(x[i:i + batch_size]) for i in range(0, len(x), batch_size)])
+        lent.check(name_of(self.module, "forward"))
         self.module.train()
         return out
 
