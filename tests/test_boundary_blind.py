@@ -51,3 +51,19 @@ def _refused(overrides, phrases, tmp_path, capsys, monkeypatch) -> None:
     assert "Traceback" not in "\n".join(err)
     for phrase in phrases:
         assert phrase in err[0], err[0]
+
+
+def test_a_client_state_file_copied_over_another_clients_is_refused(tmp_path, capsys):
+    import glob
+    import shutil
+
+    run_dir = str(tmp_path / "run")
+    assert main(["run", TINY, f"data.cache_dir={tmp_path / 'cache'}", "algorithm.name=scaffold",
+                 "runtime.executor=inprocess", "--run-dir", run_dir, "--max-rounds", "2"]) == 0
+    files = sorted(glob.glob(os.path.join(run_dir, "state", "*", "*.npz")))
+    shutil.copy(files[0], files[1])
+    capsys.readouterr()
+    assert main(["resume", run_dir]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("rayfl: error: client state ") and len(err) == 1
+    assert "a file copied over another" in err[0] and os.path.basename(files[1]) in err[0]

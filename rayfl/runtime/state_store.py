@@ -13,8 +13,9 @@ arrays, read without pickle.
 
 Each file also records the run that wrote it (``_run.seed``, ``_run.algorithm``, ``_run.config``:
 :func:`rayfl.runtime.checkpoint.state_stamp`); a store given its run's stamp refuses a file of
-another run with a :class:`~rayfl.runtime.storage.CheckpointError` naming what differs. Files
-without one (rayfl 0.1, 0.2) are read as they are.
+another run with a :class:`~rayfl.runtime.storage.CheckpointError` naming what differs, and
+the client and round it was written for (``_run.owner``), refusing a file copied over another
+client's or round's. Files without them (rayfl 0.1, 0.2) are read as they are.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rayfl.runtime.messages import message_round
 from rayfl.runtime.storage import CheckpointError, Storage
 
 STAMP = "_run."  # the entries naming the run that wrote a file (not part of the state)
+OWNER = "owner"  # the stamp's (client, version) a file was written for
 
 
 def state_name(client: int, version: int) -> str:
@@ -97,6 +99,8 @@ class StateStore:
         state = {k: v.detach().cpu() for k, v in state.items()}
         arrays = {k: v.numpy() for k, v in state.items()}
         arrays.update({STAMP + k: v for k, v in (self.stamp or {}).items()})
+        if self.stamp:
+            arrays[STAMP + OWNER] = np.array([client, version], dtype=np.int64)
         self.storage.write_with(state_name(client, version), lambda f: np.savez(f, **arrays))
         self.stats["writes"] += 1
         self._remember((client, version), state)
@@ -128,6 +132,12 @@ def read_state(storage: Storage, client: int, version: int,
     if differ:
         raise CheckpointError(storage.path(name), f"a state file of this run (it was written by "
                               f"a run with {differ}; it belongs to another run directory)",
+                              what="client state")
+    owner = found.get(OWNER) if stamp else None
+    if owner is not None and tuple(int(v) for v in owner) != (client, version):
+        raise CheckpointError(storage.path(name), f"client {client}'s state of round "
+                              f"{version + 1} (it holds client {int(owner[0])}'s of round "
+                              f"{int(owner[1]) + 1}: a file copied over another)",
                               what="client state")
     return state
 
