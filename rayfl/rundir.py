@@ -206,7 +206,10 @@ def default_of(key: str):
         if nested is not None:
             node = nested
             continue
-        return f.default if f.default is not dataclasses.MISSING else _NO_DEFAULT
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return f.default_factory() if f.default_factory is not dataclasses.MISSING \
+            else _NO_DEFAULT
     return _NO_DEFAULT
 
 

@@ -131,7 +131,8 @@ RUNS = [[f"algorithm={name}"] for name in (
 
 def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny):
     """Every built-in algorithm and the optional features: each column written is in
-    METRICS.md, and ``on_round`` receives exactly the rows of metrics.parquet (plus rounds)."""
+    METRICS.md, and ``on_round`` receives exactly the rows of metrics.parquet (plus rounds,
+    and with privacy the ε's label)."""
     import rayfl
     from rayfl.metrics.columns import documented
 
@@ -143,8 +144,9 @@ def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny)
                            on_round=lambda row, rows=rows: rows.append(row) and False)
         written = [{k: _nan_free(v) for k, v in r.items() if v is not None}
                    for r in result.metrics.to_pylist()]
-        assert [{k: _nan_free(v) for k, v in r.items() if k != "rounds"} for r in rows] == \
-            written, extra
+        assert [{k: _nan_free(v) for k, v in r.items() if k not in ("rounds", "dp_label")}
+                for r in rows] == written, extra
+        assert all(("dp_label" in r) == ("dp_epsilon" in r) for r in rows), extra
         assert all(r["rounds"] == 3 for r in rows) and rows[0]["round"] == 1
         seen |= set(result.metrics.column_names)
     missing = sorted(c for c in seen if not documented(c))

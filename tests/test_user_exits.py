@@ -24,6 +24,15 @@ BAD = "tests.components_bad"
 NO_END = "a component does not end the run: raise an exception saying what went wrong"
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Python's own SIGINT handler during each test, whatever the shell that started the suite
+    set (a background job's SIGINT is ignored, so a Ctrl-C would never arrive)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("cache"))

@@ -60,7 +60,6 @@ class Server:
         self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
             self.accountant.rounds_within(dp.target_epsilon, cfg.rounds)
         self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
-        self.epsilon_label = {} if dp is None else {"dp_label": epsilon_label(dp)}
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         poisson = dp is not None and dp.sampling == "poisson"
@@ -160,6 +159,7 @@ class Server:
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
         checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
         empty = EmptyRounds(cfg.availability.max_empty_rounds, final, self.log.rows)
+        label = {} if cfg.privacy is None else {"dp_label": epsilon_label(cfg.privacy)}
         for t in range(self.next_round, end):
             try:
                 row = self.round(t)
@@ -188,7 +188,7 @@ class Server:
                 self._checkpoint(t, row["elapsed_s"])
                 checkpoint_s = time.perf_counter() - tick
             self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
-                                       **self.epsilon_label})
+                                       **label})
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged or starved:
