@@ -91,8 +91,11 @@ def replayed_counts(cfg) -> np.ndarray:
     from rayfl.simulation import preflight as _prepare
 
     handle = _prepare(cfg)
+    poisson = cfg.privacy.sampling == "poisson"
     sampler = make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,
-                           spec_from_config(cfg.local), selection=cfg.selection)
+                           spec_from_config(cfg.local), selection=cfg.selection,
+                           poisson_rate=cfg.clients_per_round / handle.num_clients if poisson
+                           else None)
     counts = np.zeros(handle.num_clients, dtype=np.int64)
     for t in range(cfg.rounds):
         counts[sampler.plan(t).clients] += 1
