@@ -469,3 +469,22 @@ def test_every_algorithm_runs_privately_or_asynchronously_or_is_refused(name, mo
         return
     result = rayfl.run(TINY, run_it, quiet=True)
     assert np.isfinite(result.params).all() and result.metrics.num_rows == 2
+
+
+def test_a_clients_minibatch_indices_reach_its_device_in_one_copy():
+    """Off the CPU the schedule is uploaded once per client: the same indices, in the same
+    order, as views of one tensor (no host-to-device copy a step); on the CPU it is the arrays
+    themselves, today's path."""
+    from rayfl.runtime.local import device_schedule, uploaded
+
+    spec = LocalSpec(epochs=2, batch_size=7)
+    arrays = batches(spec)
+    tensors = uploaded(arrays, torch.device("cpu"))
+    assert [t.tolist() for t in tensors] == [a.tolist() for a in arrays]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1
+    assert uploaded([], torch.device("cpu")) == ()
+    on_cpu = device_schedule(SAMPLES, spec, np.random.default_rng(5), None, torch.device("cpu"))
+    assert all(isinstance(a, np.ndarray) for a in on_cpu)
+    meta = device_schedule(SAMPLES, spec, np.random.default_rng(5), None, torch.device("meta"))
+    assert [t.device.type for t in meta] == ["meta"] * len(arrays)
+    assert [len(t) for t in meta] == [len(a) for a in arrays]

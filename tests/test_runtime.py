@@ -133,11 +133,32 @@ def test_an_actor_trains_on_cuda_only_when_ray_gave_it_a_gpu_torch_can_see(
     import ray
     import torch
 
-    from rayfl.runtime.client_actor import pick_device
+    from rayfl.runtime import client_actor
 
+    monkeypatch.setattr(client_actor, "in_ray_actor", lambda: True)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ray_ids)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    assert pick_device(gpus) == torch.device(device)
+    assert client_actor.pick_device(gpus) == torch.device(device)
+
+
+@pytest.mark.parametrize("gpus, cuda, device", [(0.5, True, "cuda"), (0.5, False, "cpu"),
+                                                (0.0, True, "cpu")])
+def test_in_process_training_takes_the_gpu_share_without_asking_ray(gpus, cuda, device,
+                                                                    monkeypatch):
+    """``runtime.executor: inprocess`` with a GPU share trains on CUDA when torch sees one; Ray
+    is not asked (its ``get_gpu_ids`` starts a local Ray in a process without one)."""
+    import ray
+    import torch
+
+    from rayfl.runtime import client_actor
+
+    def no_ray():
+        raise AssertionError("Ray was asked for GPU ids in-process")
+
+    monkeypatch.setattr(ray, "get_gpu_ids", no_ray)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert client_actor.pick_device(gpus) == torch.device(device)
 
 
 def _rayfl(*args, env=None):
@@ -188,3 +209,21 @@ def test_compare_runs_each_algorithm_on_the_same_setting(ray_local, tiny):
     # each entry is exactly the run its config describes
     alone = rayfl.run(TINY, over, quiet=True)
     assert rows[0]["model_sha256"] == alone.summary["model_sha256"]
+
+
+def test_deterministic_gpu_switches_torch_to_deterministic_kernels(monkeypatch):
+    """``runtime.deterministic_gpu``: cuBLAS's fixed workspace (unless the user set one) and
+    ``torch.use_deterministic_algorithms`` in the client's process (on the H100, 1 and 2 actors
+    then gave the same bytes: docs/performance.md)."""
+    import torch
+
+    from rayfl.runtime.client_actor import deterministic_kernels
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(before)

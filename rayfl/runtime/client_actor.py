@@ -31,7 +31,7 @@ from rayfl.runtime import checkpoint
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.training import train_groups
-from rayfl.runtime.local import LocalSpec, spec_from_config
+from rayfl.runtime.local import LocalSpec, on_device, spec_from_config
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
 
@@ -64,11 +64,26 @@ def private_mb() -> float:
     return float("nan") if anon is None else anon
 
 
+def in_ray_actor() -> bool:
+    """Whether this process is a Ray actor (asking Ray nothing that would start one)."""
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
 def pick_device(gpus: float) -> torch.device:
-    """CUDA when Ray gave this process a GPU (and torch sees one), else CPU."""
-    if gpus > 0 and ray.get_gpu_ids() and torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
+    """CUDA for a GPU share when torch sees one: in a Ray actor only if Ray assigned it a GPU,
+    in-process (``runtime.executor: inprocess``) the current device; else CPU."""
+    if gpus <= 0 or not torch.cuda.is_available():
+        return torch.device("cpu")
+    if in_ray_actor() and not ray.get_gpu_ids():
+        return torch.device("cpu")
+    return torch.device("cuda")
+
+
+def deterministic_kernels() -> None:
+    """Only deterministic CUDA kernels from here on (``runtime.deterministic_gpu``): cuBLAS
+    needs its fixed workspace, set before its first call."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
 
 
 def model_for(model_cfg, seed: int, handle, device) -> FlatModel:
@@ -92,6 +107,7 @@ class WorkerParts:
     cpus: float
     gpus: float
     stamp: dict | None = None
+    deterministic_gpu: bool = False
 
     @classmethod
     def of(cls, cfg, num_clients: int, stack: Stack | None = None) -> "WorkerParts":
@@ -99,7 +115,7 @@ class WorkerParts:
         rt = cfg.runtime
         return cls(stack or algorithms.build(cfg, num_clients), cfg.model,
                    spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor,
-                   checkpoint.state_stamp(checkpoint.identity(cfg)))
+                   checkpoint.state_stamp(checkpoint.identity(cfg)), rt.deterministic_gpu)
 
 
 def inject_fault(t: int) -> None:
@@ -129,6 +145,8 @@ class ClientWorker:
         torch.set_num_threads(max(1, math.floor(parts.cpus)))
         self.seed = parts.seed
         self.device = pick_device(parts.gpus)
+        if parts.deterministic_gpu and self.device.type == "cuda":
+            deterministic_kernels()
         self.reader = handle.open()
         self.model = model_for(parts.model, parts.seed, handle, self.device)
         self.stack = parts.stack
@@ -143,7 +161,8 @@ class ClientWorker:
         ctx = ray.get_runtime_context()
         return {"node_id": ctx.get_node_id(), "pid": os.getpid(),
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": str(self.device),
-                "threads": torch.get_num_threads()}
+                "threads": torch.get_num_threads(),
+                "deterministic": torch.are_deterministic_algorithms_enabled()}
 
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> its rows of round ``t`` (:class:`ClientData`: gradient function, model)."""
@@ -159,7 +178,7 @@ class ClientWorker:
                     y = layer.client_labels(y, client, classes)
 
             def grad_fn(point, idx):
-                idx_t = torch.from_numpy(idx).to(x.device)
+                idx_t = on_device(idx, x.device)
                 return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
 
             return ClientData(len(raw_y), grad_fn, model, x, y, loss_fn)

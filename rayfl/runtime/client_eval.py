@@ -21,7 +21,7 @@ from rayfl import rng
 from rayfl.algorithms.base import LocalRule
 from rayfl.metrics.client_eval import COLUMNS, ClientEvalLog, summary_columns
 from rayfl.models.metrics import correct_and_count
-from rayfl.runtime.local import LocalSpec, train_client
+from rayfl.runtime.local import LocalSpec, on_device, train_client
 
 
 
@@ -65,7 +65,7 @@ def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_id
             x, y = reader.tensors(*reader.client(int(client)), device)
 
             def grad_fn(p, idx, x=x, y=y):
-                idx_t = torch.from_numpy(idx).to(x.device)
+                idx_t = on_device(idx, x.device)
                 return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
 
             batches = rng.client_stream(seed, t, int(client), rng.FINETUNE)

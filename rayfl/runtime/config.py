@@ -59,6 +59,11 @@ class RuntimeConfig:
                                            "max(1, floor))", lo=0.0, lo_open=True)
     gpus_per_actor: float = field(0.0, doc="fractional GPU per actor (0.25 → four per GPU)",
                                   lo=0.0)
+    deterministic_gpu: bool = field(
+        False, doc="client actors on a GPU use only deterministic kernels "
+                   "(torch.use_deterministic_algorithms, cuBLAS's fixed workspace): the same "
+                   "bytes run to run and for any num_actors, at a cost docs/performance.md "
+                   "measures; CPU kernels are deterministic already (no effect there)")
     logical_shards: int = field(16, doc="fixed groups a round's clients are summed in; sums are "
                                        "combined in group order so results do not depend on "
                                        "num_actors", lo=1, hi=MAX_SHARDS)

@@ -29,7 +29,8 @@ import torch
 
 from rayfl.algorithms.base import LocalRule, Vec
 
-GradFn = Callable[[Vec, np.ndarray], tuple[torch.Tensor, Vec]]
+# (point, minibatch indices: an index array, or on a GPU an index tensor on the device)
+GradFn = Callable[[Vec, "np.ndarray | torch.Tensor"], tuple[torch.Tensor, Vec]]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,31 @@ def batch_schedule(n: int, spec: LocalSpec, rng: np.random.Generator, max_steps:
                 return
             yield perm[b * spec.batch_size:(b + 1) * spec.batch_size]
             done += 1
+
+
+def device_schedule(n: int, spec: LocalSpec, rng: np.random.Generator, max_steps: int | None,
+                    device: torch.device):
+    """:func:`batch_schedule`'s minibatches for a client whose rows live on ``device``: on the
+    CPU the index arrays themselves; elsewhere :func:`uploaded` (a copy from host memory each
+    step would wait for the GPU every step)."""
+    if device.type == "cpu":
+        return batch_schedule(n, spec, rng, max_steps)
+    return uploaded(list(batch_schedule(n, spec, rng, max_steps)), device)
+
+
+def uploaded(batches: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Index arrays as tensors on ``device``, views of one tensor copied there in one go."""
+    if not batches:
+        return ()
+    flat = torch.from_numpy(np.concatenate(batches)).to(device)
+    return torch.split(flat, [len(b) for b in batches])
+
+
+def on_device(idx, device: torch.device) -> torch.Tensor:
+    """A minibatch's indices as a tensor on ``device`` (already there: as given)."""
+    if isinstance(idx, torch.Tensor):
+        return idx.to(device)
+    return torch.from_numpy(idx).to(device)
 
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
@@ -120,7 +146,7 @@ def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalS
     y = y0.clone()
     opt = LocalOptimizer(spec, lr, y)
     loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
-    for idx in batch_schedule(n, spec, rng, max_steps):
+    for idx in device_schedule(n, spec, rng, max_steps, y.device):
         loss, g = grad_fn(rule.grad_point(y), idx)
         opt.step(y, g, rule)
         loss_sum += loss.detach()
