@@ -154,7 +154,7 @@ def _print_summary(s: dict) -> None:
 
 
 #: the component kinds besides algorithms whose own keys ``rayfl keys --KIND NAME`` lists
-COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper")
+COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper", "server_opt")
 
 
 def _cmd_keys(args) -> int:
@@ -310,7 +310,8 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--algorithm", help="list only this algorithm's hyper-parameters (a name or "
                                        "package.module:Name)")
     for kind in COMPONENT_KINDS:
-        k.add_argument(f"--{kind}", help=f"list this {kind}'s own parameters")
+        k.add_argument(f"--{kind.replace('_', '-')}", dest=kind,
+                       help=f"list this {kind.replace('_', ' ')}'s own parameters")
     k.add_argument("--write", metavar="PATH", help="write the Markdown reference to PATH")
     k.add_argument("--metrics", metavar="PATH", help="write the metrics.parquet column "
                                                      "reference (METRICS.md) to PATH")

@@ -183,6 +183,9 @@ def test_keys_of_one_algorithm_lists_only_its_own(capsys):
     assert cli.main(["keys", "--model", "transformer_lm"]) == 0
     keys = re.findall(r"^\| `([^`]+)` \|", capsys.readouterr().out, flags=re.M)
     assert keys and all(k.startswith("model.") for k in keys), keys
+    assert cli.main(["keys", "--server-opt", "yogi"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## `server_opt.name: yogi`") and "FedYogi" in out
 
 
 def test_readme_opens_with_the_two_commands():
