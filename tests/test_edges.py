@@ -488,3 +488,26 @@ def test_a_clients_minibatch_indices_reach_its_device_in_one_copy():
     meta = device_schedule(SAMPLES, spec, np.random.default_rng(5), None, torch.device("meta"))
     assert [t.device.type for t in meta] == ["meta"] * len(arrays)
     assert [len(t) for t in meta] == [len(a) for a in arrays]
+
+
+def test_a_procedures_minibatches_are_cut_from_one_upload_of_each_epochs_order():
+    """``ctx.batches()`` yields index arrays (slices of one epoch's permutation): off the CPU
+    each is cut from one upload of that permutation, at its own offset, instead of a copy a
+    step; an array that is no such slice is copied on its own; on the CPU nothing is copied."""
+    from rayfl.runtime.local import DeviceIndices
+
+    arrays = batches(LocalSpec(epochs=3, batch_size=7))
+    indices = DeviceIndices(torch.device("meta"))
+    bases = []
+    for a in arrays:
+        t = indices(a)
+        start = (a.__array_interface__["data"][0]
+                 - a.base.__array_interface__["data"][0]) // a.itemsize
+        assert t.device.type == "meta" and t.shape == a.shape and t.storage_offset() == start
+        bases.append(indices.base)
+    assert len({id(b) for b in bases}) == 3 and all(b is a.base for b, a in zip(bases, arrays))
+    before = indices.base
+    assert indices(np.array([3, 1])).device.type == "meta" and indices.base is before
+    on_cpu = DeviceIndices(torch.device("cpu"))(arrays[0])
+    assert on_cpu.tolist() == arrays[0].tolist()
+    assert on_cpu.data_ptr() == arrays[0].__array_interface__["data"][0]  # wrapped, not copied

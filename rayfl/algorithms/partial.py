@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch
+
 from rayfl.algorithms.base import Algorithm, ClientResult, Traits, Vec
 from rayfl.schema import ConfigError
 
@@ -64,13 +66,13 @@ class PartialModel(Algorithm):
         if self.frozen_group is not None:
             frozen = ctx.group(self.frozen_group)
             fixed = frozen if fixed is None else fixed | frozen
-        kept = None if fixed is None else y[fixed].clone()
+        kept = None if fixed is None else y.clone()
         opt = ctx.optimizer()
         for _ in range(passes):
             for batch in ctx.batches():
                 opt.step(y, ctx.loss_grad(y, batch)[1])
-                if fixed is not None:
-                    y[fixed] = kept
+                if fixed is not None:  # a selection, not a masked assignment (no host wait)
+                    y.copy_(torch.where(fixed, kept, y))
         return y
 
     def finish(self, ctx, y: Vec):

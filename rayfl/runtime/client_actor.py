@@ -31,7 +31,7 @@ from rayfl.runtime import checkpoint
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.training import train_groups
-from rayfl.runtime.local import LocalSpec, on_device, spec_from_config
+from rayfl.runtime.local import DeviceIndices, LocalSpec, spec_from_config
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
 
@@ -177,8 +177,10 @@ class ClientWorker:
                 with calling(name_of(layer, "client_labels"), t, client):
                     y = layer.client_labels(y, client, classes)
 
+            indices = DeviceIndices(x.device)
+
             def grad_fn(point, idx):
-                idx_t = on_device(idx, x.device)
+                idx_t = indices(idx)
                 return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
 
             return ClientData(len(raw_y), grad_fn, model, x, y, loss_fn)

@@ -21,7 +21,7 @@ from rayfl import rng
 from rayfl.algorithms.base import LocalRule
 from rayfl.metrics.client_eval import COLUMNS, ClientEvalLog, summary_columns
 from rayfl.models.metrics import correct_and_count
-from rayfl.runtime.local import LocalSpec, on_device, train_client
+from rayfl.runtime.local import DeviceIndices, LocalSpec, train_client
 
 
 
@@ -64,8 +64,8 @@ def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_id
         elif finetune.steps:
             x, y = reader.tensors(*reader.client(int(client)), device)
 
-            def grad_fn(p, idx, x=x, y=y):
-                idx_t = on_device(idx, x.device)
+            def grad_fn(p, idx, x=x, y=y, indices=DeviceIndices(x.device)):
+                idx_t = indices(idx)
                 return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
 
             batches = rng.client_stream(seed, t, int(client), rng.FINETUNE)

@@ -172,10 +172,14 @@ class LocalContext:
     # ----- bookkeeping -----------------------------------------------------------------------
     def mean_loss(self) -> float:
         """The mean loss of the gradient evaluations recorded so far (NaN: none)."""
-        return self._loss_sum / self._losses if self._losses else float("nan")
+        return float(self._loss_sum) / self._losses if self._losses else float("nan")
 
     def _record(self, loss: torch.Tensor) -> None:
-        self._loss_sum += float(loss.detach())
+        value = loss.detach()
+        if value.device.type == "cpu":
+            self._loss_sum += float(value)
+        else:  # summed on the device, in the same order (reading it each step waits for it)
+            self._loss_sum = value.double() + self._loss_sum
         self._losses += 1
 
     def _model(self):

@@ -88,11 +88,32 @@ def uploaded(batches: list[np.ndarray], device: torch.device) -> tuple[torch.Ten
     return torch.split(flat, [len(b) for b in batches])
 
 
-def on_device(idx, device: torch.device) -> torch.Tensor:
-    """A minibatch's indices as a tensor on ``device`` (already there: as given)."""
-    if isinstance(idx, torch.Tensor):
-        return idx.to(device)
-    return torch.from_numpy(idx).to(device)
+class DeviceIndices:
+    """A client's minibatch indices as tensors on the device of its rows. A tensor is taken as
+    given; on the CPU an array is wrapped (no copy). On a GPU, an array that is a slice of one
+    permutation (:func:`batch_schedule`'s epoch order, which :meth:`LocalContext.batches`
+    yields) is cut from one upload of that permutation, so a step waits for no copy; any other
+    array is copied on its own."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.base: np.ndarray | None = None  # the permutation uploaded last (kept referenced)
+        self.uploaded: torch.Tensor | None = None
+
+    def __call__(self, idx) -> torch.Tensor:
+        if isinstance(idx, torch.Tensor):
+            return idx.to(self.device)
+        if self.device.type == "cpu":
+            return torch.from_numpy(idx)
+        base = idx.base
+        if not (isinstance(base, np.ndarray) and base.ndim == idx.ndim == 1
+                and base.dtype == idx.dtype and base.strides == idx.strides):
+            return torch.from_numpy(idx).to(self.device)
+        if base is not self.base:
+            self.base, self.uploaded = base, torch.from_numpy(base).to(self.device)
+        start = (idx.__array_interface__["data"][0]
+                 - base.__array_interface__["data"][0]) // idx.itemsize
+        return self.uploaded[start:start + len(idx)]
 
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
