@@ -99,7 +99,7 @@ def dry_run(source, overrides, entries: list[str] | None = None,
         _, configs = plan(cfg, entries, None, seeds)
         print(f"# {len(configs)} runs: " + ", ".join(f"{e} (seed {s})" for e, s in configs))
     print(yaml.safe_dump(config_mod.to_dict(cfg), sort_keys=False), end="")
-    handle = _prepare(cfg)  # the same pre-flight checks as a run
+    handle = _prepare(cfg).handle  # the same pre-flight checks as a run
     head, _ = summary(handle, handle.open())
     print("# partition: " + ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                                       for k, v in head.items()))

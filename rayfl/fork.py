@@ -88,8 +88,8 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
-    handle = preflight(cfg)
-    stack = algorithms.build(cfg, handle.num_clients)
+    parts = preflight(cfg)
+    handle, stack = parts
     source_stack = algorithms.build(source, handle.num_clients)
     state = checkpoint.server_state(source_stack, ck, checkpoint.path_of(src_location))
     try:
@@ -98,7 +98,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
         raise ConfigError("--at", at, str(e)) from None
     ck.pop("transforms", None)  # rayfl 0.1 kept them beside the state
     ck.pop("buffers", None)
-    return launch(cfg, handle, run_dir, resume=True, new=True, quiet=quiet,
+    return launch(cfg, parts, run_dir, resume=True, new=True, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round,
                   write=lambda d: _copy_prefix(source, source_dir, cfg, d, ck),
                   forked_from={"run_dir": source_dir, "round": at})

@@ -56,12 +56,13 @@ def user_components(cfg) -> dict[str, bool]:
                                        *[s for s in (cfg.server_opt,) if s is not None])))}
 
 
-def run(cfg, handle) -> None:
-    """Run each of the user's components of ``cfg`` once on the data behind ``handle``; a
-    broken contract raises (ComponentError or ConfigError), nothing is written."""
+def run(cfg, handle, stack) -> None:
+    """Run each of the user's components of ``cfg`` once on the data behind ``handle`` (on a
+    stack of their own: ``stack``, the run's, is only checked to pickle); a broken contract
+    raises (ComponentError or ConfigError), nothing is written."""
     user = user_components(cfg)
     if cfg.runtime.executor != "inprocess":
-        _sendable(cfg, handle)
+        _sendable(cfg, stack)
     if not (user["sampling"] or user["training"]):
         return
     place: dict = {"round": 0}  # where the user's code runs, for an error that names it
@@ -151,18 +152,15 @@ def _sections(cfg) -> list[tuple[str, object]]:
             if s is not None and not registry.is_builtin(s.KIND, s.component_name)]
 
 
-def _sendable(cfg, handle) -> None:
+def _sendable(cfg, stack) -> None:
     """Ray sends the config (its sections carry the user's components) and the built layers
     to its workers: each of the user's must pickle, or a ConfigError names its key before
     the run directory exists (not a failure inside Ray after it)."""
     from ray import cloudpickle
 
-    from rayfl import algorithms
-
     sections = _sections(cfg)
     if not sections:
         return
-    stack = algorithms.build(cfg, handle.num_clients)
     built = {"algorithm.name": stack.algorithm, "server_opt.name": stack.optimizer,
              **{f"wrappers[{i}].name": w for i, w in enumerate(stack.wrappers)}}
     for key, section in sections:

@@ -54,5 +54,6 @@ def stream(seed: int, *key: int) -> np.random.Generator:
 
 
 def client_stream(seed: int, t: int, client: int, purpose: int = BATCHES) -> np.random.Generator:
-    """The generator of one (seed, round, client, purpose): independent of actor placement."""
-    return np.random.default_rng([seed, t, client, purpose])
+    """The generator of one (seed, round, client, purpose): independent of actor placement
+    (the key as Python ints: the same generator, seeded faster than from NumPy integers)."""
+    return np.random.default_rng([int(seed), int(t), int(client), int(purpose)])

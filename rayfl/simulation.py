@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -74,7 +74,7 @@ def _check_local_ray(cfg: Config) -> None:
                           "process); join a cluster with runtime.address")
 
 
-def _start(cfg: Config, handle, run_dir: str, resume: bool):
+def _start(cfg: Config, handle, stack, run_dir: str, resume: bool):
     import ray
 
     from rayfl.runtime.client_actor import ClientActor, WorkerParts
@@ -88,7 +88,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     state_root = storage.state_root(cfg, run_dir)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
     # built once, for every actor (passed by value: a restarted actor is built from it again)
-    parts = WorkerParts.of(cfg, handle.num_clients)
+    parts = WorkerParts.of(cfg, handle.num_clients, stack)
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
@@ -99,7 +99,7 @@ def _start(cfg: Config, handle, run_dir: str, resume: bool):
     startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume, startup_s)
+        cfg, handle, run_dir, names, resume, startup_s, stack)
     return server, actors
 
 
@@ -187,7 +187,7 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     return " | ".join(parts)
 
 
-def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
+def _run_inprocess(cfg: Config, handle, stack, run_dir: str, resume: bool, quiet: bool,
                    max_rounds: int | None, on_round) -> dict:
     """The whole run in this process (``runtime.executor: inprocess``): no Ray at all."""
     from rayfl.runtime.server import Server
@@ -201,7 +201,7 @@ def _run_inprocess(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
 
     try:
         with own_exits():
-            return Server(cfg, handle, run_dir, None, resume).run(max_rounds, show)
+            return Server(cfg, handle, run_dir, None, resume, stack=stack).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
@@ -215,17 +215,18 @@ def _check_max_rounds(max_rounds: int | None) -> None:
                           "pausing)")
 
 
-def _execute(cfg: Config, handle, run_dir: str, resume: bool, quiet: bool,
+def _execute(cfg: Config, handle, stack, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
     if cfg.runtime.executor == "inprocess":
-        summary = _run_inprocess(cfg, handle, run_dir, resume, quiet, max_rounds, on_round)
+        summary = _run_inprocess(cfg, handle, stack, run_dir, resume, quiet, max_rounds,
+                                 on_round)
     else:
         import ray
 
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
-        server, actors = _start(cfg, handle, run_dir, resume)
+        server, actors = _start(cfg, handle, stack, run_dir, resume)
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
                               on_round)
@@ -267,9 +268,19 @@ def check_request(cfg: Config, max_rounds: int | None) -> None:
     _check_local_ray(cfg)
 
 
-def preflight(cfg: Config):
+class Parts(NamedTuple):
+    """What a launch hands down, built once on the driver: the partition store's handle and the
+    run's stack (algorithm, layers, server optimiser), sent by value to the server and every
+    client actor."""
+
+    handle: Any
+    stack: Any
+
+
+def preflight(cfg: Config) -> Parts:
     """The partition store, checked against the model, the layers and the availability files,
-    and the user's components run once (:mod:`rayfl.preflight`), before anything is written."""
+    and the user's components run once (:mod:`rayfl.preflight`), before anything is written;
+    the run's :class:`Parts`."""
     from rayfl.availability import check_files
 
     with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
@@ -281,17 +292,18 @@ def preflight(cfg: Config):
         check_regime(cfg.data, handle)
         check_single_rows(model, handle, cfg.local.batch_size)
         check_files(cfg.availability, handle.num_clients)
-        algorithms.build(cfg, handle.num_clients)  # the layers and the server optimiser build
-        user_preflight.run(cfg, handle)  # each of the user's components once, nothing written
-    return handle
+        stack = algorithms.build(cfg, handle.num_clients)  # the layers and server optimiser build
+        user_preflight.run(cfg, handle, stack)  # the user's components once, nothing written
+    return Parts(handle, stack)
 
 
-def launch(cfg: Config, handle, run_dir: str, *, resume: bool, new: bool, quiet: bool,
+def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: bool,
            max_rounds: int | None, on_round, write=None, forked_from: dict | None = None
            ) -> RunResult:
     """The launch every command shares once its own checks passed: Ray, the run directory (made
     here when ``new``: config, fingerprint, then ``write(run_dir)``, a fork's copied prefix),
-    its lock, provenance, then the run (from the checkpoint in ``run_dir`` when ``resume``)."""
+    its lock, provenance, then the run (from the checkpoint in ``run_dir`` when ``resume``) on
+    the :class:`Parts` the pre-flight built."""
     if new:  # Ray first: a cluster that cannot be joined leaves no directory behind
         _ensure_ray(cfg)
         rundir.check_new(run_dir)  # still free after the checks
@@ -307,7 +319,7 @@ def launch(cfg: Config, handle, run_dir: str, *, resume: bool, new: bool, quiet:
                 write(run_dir)
         provenance.record(run_dir, cfg, **({"forked_from": forked_from} if forked_from
                                            else {}))
-        return _execute(cfg, handle, run_dir, resume, quiet, max_rounds, on_round)
+        return _execute(cfg, *parts, run_dir, resume, quiet, max_rounds, on_round)
     finally:
         lock.release()
 
@@ -328,8 +340,8 @@ def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = N
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))  # actors may run in another cwd
     rundir.check_new(run_dir, key)
     storage.check_new_run(cfg, run_dir)
-    handle = preflight(cfg)  # missing data or a mismatched model: an error, no run directory
-    return launch(cfg, handle, run_dir, resume=False, new=True, quiet=quiet,
+    parts = preflight(cfg)  # missing data or a mismatched model: an error, no run directory
+    return launch(cfg, parts, run_dir, resume=False, new=True, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round)
 
 
@@ -353,6 +365,6 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
         print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     rundir.check_metrics(run_dir)
-    handle = preflight(cfg)
-    return launch(cfg, handle, run_dir, resume=has_checkpoint, new=False, quiet=quiet,
+    parts = preflight(cfg)
+    return launch(cfg, parts, run_dir, resume=has_checkpoint, new=False, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round)

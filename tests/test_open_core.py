@@ -197,3 +197,19 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_gives_the_same_bytes(
     resumed = rayfl.resume(run_dir, quiet=True)
     assert resumed.summary["model_sha256"] == clean.summary["model_sha256"]
     assert resumed.metrics.column("round").to_pylist() == [1, 2, 3]
+
+
+def test_a_runs_stack_is_built_once_and_handed_down(tmp_path, monkeypatch):
+    """The pre-flight builds the run's stack; the server (and, by value, every client actor)
+    runs on that one — not one built again from the whole config — to the same bytes."""
+    from rayfl import algorithms
+
+    common = [f"output_dir={tmp_path}/runs", f"data.cache_dir={tmp_path}/cache",
+              "runtime.executor=inprocess", "wrappers=[{name: ima, window: 2}]",
+              "aggregation.transforms=[{name: clip, max_norm: 1.0}]"]
+    before = rayfl.run(TINY, common, quiet=True).summary["model_sha256"]
+    built = []
+    original = algorithms.build
+    monkeypatch.setattr(algorithms, "build", lambda *a, **k: built.append(a) or original(*a, **k))
+    after = rayfl.run(TINY, common, quiet=True).summary["model_sha256"]
+    assert len(built) == 1 and after == before

@@ -74,7 +74,8 @@ class PartialSum:
         self.weight_sum += weight
         self.delta_w = _sum(self.delta_w, delta * weight)
         self.delta = _sum(self.delta, delta)
-        self.delta_sq += float(torch.dot(delta.double(), delta.double()))
+        wide = delta.double()
+        self.delta_sq += float(torch.dot(wide, wide))
         self.steps += steps
         self.samples += samples
         self.loss_sum += loss

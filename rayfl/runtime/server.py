@@ -39,9 +39,10 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actor_startup_s: float = 0.0):
+                 resume: bool = False, actor_startup_s: float = 0.0, stack=None):
         """``actor_names``: the client actors to train on (None: train in this process);
-        ``actor_startup_s``: how long they took to start (a restarted one gets it again)."""
+        ``actor_startup_s``: how long they took to start (a restarted one gets it again);
+        ``stack``: the run's stack as the driver built it (None: built here)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
@@ -51,7 +52,7 @@ class Server:
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
         self.spec = spec_from_config(cfg.local)
-        self.stack = algorithms.build(cfg, handle.num_clients)
+        self.stack = stack if stack is not None else algorithms.build(cfg, handle.num_clients)
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
         self.loss_fn = criterion(handle)
