@@ -13,7 +13,7 @@ from rayfl.contract import ComponentError, own_exits
 from rayfl.runtime.cluster import RayStartError
 from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
-from rayfl.simulation import RunStopped
+from rayfl.failures import RunStopped
 from rayfl.usage import OneLineParser
 
 DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)

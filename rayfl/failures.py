@@ -28,6 +28,14 @@ CLEAR = (ComponentError, ConfigError, CheckpointError)
 _RAY_COPY = re.compile(r'File "[^"]*/runtime_resources/py_modules_files/_ray_pkg_[0-9a-f]+/'
                        r'([^"]+)"')
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in .*$')
+
+
+class RunStopped(RuntimeError):
+    """The run could not go on (a dead server, lost client actors, an error in the server);
+    the message says whether a checkpoint is there for ``rayfl resume`` to continue from, and
+    ``frames`` holds the user's own frames of an error, if any."""
+
+    frames: str = ""
 _QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*: )")  # package.module.Error: ...
 
 
@@ -101,8 +109,6 @@ def server_failed(e: BaseException, run_dir: str, rounds_seen: int) -> Exception
     server's or a client actor's): the user's ComponentError, a ConfigError or a
     CheckpointError, else a one-line ``RunStopped`` naming the exception and the round, with
     the user's frames (code that failed fails again: no resume advice)."""
-    from rayfl.simulation import RunStopped
-
     clear = unwrapped(e)
     if isinstance(clear, CLEAR):
         return clear
@@ -118,8 +124,6 @@ def server_failed(e: BaseException, run_dir: str, rounds_seen: int) -> Exception
 def server_died(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     """What to raise when the server actor is gone (``RayActorError``): it could not start, or
     its process ended mid-run (resumable only from a checkpoint)."""
-    from rayfl.simulation import RunStopped
-
     if getattr(e, "actor_init_failed", False):  # Ray keeps only the text of its traceback
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         last = _QUALIFIED.sub(r"\1", lines[-1]) if lines else type(e).__name__

@@ -22,6 +22,7 @@ from rayfl.algorithms.checks import check_model
 from rayfl import rundir
 from rayfl.config import Config, ConfigError
 from rayfl.contract import own_exits
+from rayfl.failures import RunStopped
 from rayfl.data import prepare
 from rayfl.data.regime import check_regime
 from rayfl.metrics import provenance
@@ -101,14 +102,6 @@ def _start(cfg: Config, handle, stack, run_dir: str, resume: bool):
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
         cfg, handle, run_dir, names, resume, startup_s, stack)
     return server, actors
-
-
-class RunStopped(RuntimeError):
-    """The run could not go on (a dead server, lost client actors, an error in the server);
-    the message says whether a checkpoint is there for ``rayfl resume`` to continue from, and
-    ``frames`` holds the user's own frames of an error, if any."""
-
-    frames: str = ""
 
 
 def _cause(e: Exception) -> Exception:
