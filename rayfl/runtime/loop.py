@@ -65,13 +65,24 @@ def actor_metrics(reports: list[dict]) -> dict:
 
 
 class Executor(Protocol):
-    """Where clients train. ``run`` returns one dict per worker call, each holding
-    ``"sums"`` [(group, PartialSum)] and ``"written"`` (clients whose state it saved)."""
+    """Where clients train and are scored: every call the runtime makes on one (the Ray
+    actors', this process's, the math tests' gradient functions)."""
 
     def run(self, t: int, bc: Broadcast, lr: float, groups: list[tuple[int, list]],
-            keep_dir: str | None, round_clients: np.ndarray) -> list[dict]: ...
+            keep_dir: str | None, round_clients: np.ndarray) -> list[dict]:
+        """Train the groups: one dict per worker call, each holding ``"sums"``
+        [(group, PartialSum)] and ``"written"`` (clients whose state it saved)."""
 
-    def summaries(self, client_ids: np.ndarray) -> np.ndarray: ...
+    def summaries(self, client_ids: np.ndarray) -> np.ndarray:
+        """The algorithm's one-off per-client summaries (``client_setup``) of ``client_ids``."""
+
+    def client_scores(self, t: int, point, client_ids: np.ndarray, finetune, batch_size: int,
+                      buffers=None, versions=None) -> np.ndarray:
+        """Per-client evaluation (``eval.clients``): one row of scores per client."""
+
+    def client_losses(self, point, client_ids: np.ndarray, batch_size: int,
+                      buffers=None) -> np.ndarray:
+        """Each candidate's loss at ``point`` (power-of-choice selection)."""
 
 
 @dataclass
