@@ -213,3 +213,46 @@ def test_a_runs_stack_is_built_once_and_handed_down(tmp_path, monkeypatch):
     monkeypatch.setattr(algorithms, "build", lambda *a, **k: built.append(a) or original(*a, **k))
     after = rayfl.run(TINY, common, quiet=True).summary["model_sha256"]
     assert len(built) == 1 and after == before
+
+
+def _page_lookahead():
+    """The Lookahead of docs/howto/components.md, as written there."""
+    import re
+
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "howto",
+                           "components.md")) as f:
+        (block,) = [b for b in re.findall(r"```py\n(.*?)```", f.read(), flags=re.S)
+                    if "def lookahead" in b]
+    scope = {"ServerOpt": server_opt.ServerOpt}
+    exec(block, scope)
+    return scope["lookahead"]
+
+
+def test_a_server_optimiser_may_read_the_model_it_steps():
+    """``update(D, state, x)`` gets the model the step is taken from: the page's Lookahead,
+    stepped through the server's rounds, against the rule computed by hand; a two-argument
+    update is called as before; x is lent (edited in place: named)."""
+    from rayfl.algorithms.base import ServerRound
+    from rayfl.contract import ComponentError
+
+    opt = _page_lookahead()(None, 0.5, k=2, alpha=0.5)
+    assert opt.sees_x and not server_opt.sgd(0.5).sees_x
+    x, d = torch.tensor([1.0, -2.0]), torch.tensor([0.2, 0.4])
+    state, slow, expected = opt.init(x), x.clone(), x.clone()
+    for t in range(4):
+        srv = ServerRound(t, x, 10, opt, state)
+        x, state = srv.step(d), srv.opt_state
+        expected = expected - 0.5 * d
+        if (t + 1) % 2 == 0:  # every k = 2 rounds: φ ← φ + α (x' − φ), x ← φ
+            slow = slow + 0.5 * (expected - slow)
+            expected = slow.clone()
+        assert torch.allclose(x, expected, atol=1e-6), t
+    plain = ServerRound(0, x, 10, server_opt.sgd(0.5), {})
+    assert torch.equal(plain.step(d), x - 0.5 * d)
+
+    def edits(d, state, x):
+        x.zero_()
+        return d, state, {}
+
+    with pytest.raises(ComponentError, match=r"edited x in place"):
+        ServerRound(0, torch.ones(2), 10, server_opt.ServerOpt(lambda x: {}, edits), {}).step(d)

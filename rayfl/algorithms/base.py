@@ -240,9 +240,14 @@ class ServerRound:
         from rayfl.layers import unencodable
 
         name = name_of(self.optimizer.update)
+        start = self.x if x is None else x
         lent = Lent().add("its direction", direction)  # often the aggregate itself
         with calling(name, round=self.t):
-            out = self.optimizer.update(direction, self.opt_state)
+            if self.optimizer.sees_x:
+                lent.add("x", start)
+                out = self.optimizer.update(direction, self.opt_state, start)
+            else:
+                out = self.optimizer.update(direction, self.opt_state)
         lent.check(name, self.t)
         step, self.opt_state, metrics = returned(out, ("step", "state", "metrics"), name,
                                                  self.t)
@@ -252,7 +257,7 @@ class ServerRound:
         expect(found is None, name, f"returned a state holding {found}, which a checkpoint "
                                     "cannot hold (tensors, arrays, numbers, strings, lists, "
                                     "dicts and dataclasses of them)", self.t)
-        return (self.x if x is None else x) - step
+        return start - step
 
     def restart_optimizer(self) -> None:
         """Restart the server optimiser (IMA zeroes FedAdam's moments at t_s)."""

@@ -18,11 +18,13 @@ A server optimiser is a component like any other: ``server_opt.name`` names a bu
 ``package.module:Name`` reference or a name given to :func:`rayfl.register_server_opt`, a
 callable ``(section, lr) -> ServerOpt`` from the validated ``server_opt`` section (its own keys,
 and the component's ``Params`` in ``section.params``: a function declares them as an attribute,
-``fn.Params = MyParams``) and the server learning rate.
+``fn.Params = MyParams``) and the server learning rate. Its ``update`` may take the model x as a
+third argument (:class:`ServerOpt`).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,17 +36,29 @@ OptState = dict[str, Any]
 
 @dataclass(frozen=True)
 class ServerOpt:
-    """``init(x) -> state``; ``update(D, state) -> (step, new state, metrics)``;
-    ``reset(x) -> state`` restarts the optimizer mid-run (IMA at t_s; default: ``init``)."""
+    """``init(x) -> state``; ``update(D, state) -> (step, new state, metrics)``, or
+    ``update(D, state, x)`` to also read the model the step is taken from (a Lookahead's slow
+    weights follow it; lent, read-only); ``reset(x) -> state`` restarts the optimizer mid-run
+    (IMA at t_s; default: ``init``)."""
 
     init: Callable[[Vec], OptState]
-    update: Callable[[Vec, OptState], tuple[Vec, OptState, dict]]
+    update: Callable[..., tuple[Vec, OptState, dict]]
     adaptive: bool = False  # per-coordinate step sizes (IMA then averages the target, not x)
     reset: Callable[[Vec], OptState] | None = None
 
     def restart(self, x: Vec) -> OptState:
         """The optimizer state a mid-run restart gives."""
         return (self.reset or self.init)(x)
+
+    @property
+    def sees_x(self) -> bool:
+        """Whether ``update`` takes the model x as a third argument."""
+        try:
+            params = inspect.signature(self.update).parameters.values()
+        except (TypeError, ValueError):  # a callable without a signature: the two-argument form
+            return False
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(positional) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
 def sgd(lr: float) -> ServerOpt:
