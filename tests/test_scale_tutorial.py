@@ -11,6 +11,7 @@ interpreter's folder for ``.venv/bin/``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,6 +20,7 @@ import tempfile
 
 import psutil
 
+import rayfl
 from tests.conftest import ROOT
 from tests.test_cluster_howto import BIN, SLOW_START, _kill, _ours, free_port
 
@@ -80,3 +82,11 @@ def test_the_scale_tutorial_trains_100k_clients_on_a_cluster_and_reads_the_run(
     assert "client-0" in out and "client-1" in out and "server" not in out.split("actors:")[1]
     share = float(re.search(r"slowest actor's training / round: ([\d.]+)", out).group(1))
     assert 0 < share <= 1
+    # the cluster's bytes are the in-process run's
+    (run,) = os.listdir(tmp_path / work / "runs")
+    with open(tmp_path / work / "runs" / run / "summary.json") as f:
+        on_cluster = json.load(f)["model_sha256"]
+    here = rayfl.run(os.path.join(ROOT, "configs", "scale_cluster.yaml"),
+                     [f"output_dir={tmp_path}/here", f"data.cache_dir={tmp_path / work}/cache",
+                      "runtime.executor=inprocess"], quiet=True)
+    assert here.summary["model_sha256"] == on_cluster
