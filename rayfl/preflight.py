@@ -20,9 +20,9 @@ contracts), so a run of built-ins starts as fast as before. The global random ge
 (Python, NumPy, torch) and torch's thread count are restored afterwards: the run that follows
 draws exactly what it would have drawn without a pre-flight.
 
-The core it calls, kept to a few entry points: :func:`rayfl.availability.make_sampler` and
-``Sampler.plan``; :class:`rayfl.runtime.client_actor.ClientWorker` (its stack and
-``client_losses``); :class:`rayfl.runtime.executors.InProcessExecutor`; and
+The core it calls, kept to a few entry points: :func:`rayfl.availability.run_sampler` (the
+planner the server makes) and ``Sampler.plan``; :class:`rayfl.runtime.client_actor.ClientWorker`
+(its stack and ``client_losses``); :class:`rayfl.runtime.executors.InProcessExecutor`; and
 :class:`rayfl.runtime.loop.RoundLoop` (``setup``, ``groups``, ``train``) with the stack's
 ``init``, ``broadcast`` and ``client_lr`` and the algorithm's ``aggregation_weights``.
 """
@@ -90,13 +90,10 @@ def _worker(cfg, handle, state_root: str):
 def _plan_first_round(cfg, handle, worker) -> None:
     """The availability model and the selector plan round 1 (t = 0) over the real population;
     then the selector's state is checked to fit a checkpoint."""
-    from rayfl.availability import make_sampler
-    from rayfl.runtime.local import spec_from_config
+    from rayfl.availability import run_sampler
 
     w = worker.model.w
-    sampler = make_sampler(cfg.availability, handle, cfg.clients_per_round, cfg.seed,
-                           spec_from_config(cfg.local), model_bytes=w.numel() * w.element_size(),
-                           selection=cfg.selection)
+    sampler = run_sampler(cfg, handle, worker.stack, w)
     losses = None
     if sampler.selector.scores_candidates:
         point = w.detach().cpu().numpy()

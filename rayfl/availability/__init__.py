@@ -29,6 +29,22 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
                    poisson_rate, upload_bytes, selection)
 
 
+def run_sampler(cfg, handle, stack, w) -> Sampler:
+    """The run's round planner, the same for the server and the pre-flight: ``cfg`` the run's
+    config (its availability, selection, local and privacy sections), ``stack`` its layers
+    (what a client uploads), ``w`` the model's flat parameters (what is sent down)."""
+    from rayfl.runtime.local import spec_from_config
+
+    poisson = cfg.privacy is not None and cfg.privacy.sampling == "poisson"
+    size = w.element_size()
+    return make_sampler(
+        cfg.availability, handle, cfg.clients_per_round, cfg.seed, spec_from_config(cfg.local),
+        model_bytes=w.numel() * size,
+        poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
+        upload_bytes=stack.upload_bytes(w.numel(), size) if stack.layers else None,
+        selection=cfg.selection)
+
+
 def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
     """Read the trace and capacity files the way a run will (a ConfigError naming a bad one),
     so that a broken file stops the run before anything starts."""

@@ -17,7 +17,7 @@ import ray
 import torch
 
 from rayfl import algorithms, privacy
-from rayfl.availability import make_sampler
+from rayfl.availability import run_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
 from rayfl.data.evaluators import test_metrics
@@ -32,7 +32,6 @@ from rayfl.runtime.client_actor import ClientWorker, WorkerParts, model_for, pea
 from rayfl.runtime.executors import InProcessExecutor, RayExecutor
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.messages import Messages
-from rayfl.runtime.local import spec_from_config
 
 
 class Server:
@@ -51,7 +50,6 @@ class Server:
         self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
-        self.spec = spec_from_config(cfg.local)
         self.stack = stack if stack is not None else algorithms.build(cfg, handle.num_clients)
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
@@ -63,15 +61,7 @@ class Server:
         self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
-        poisson = dp is not None and dp.sampling == "poisson"
-        w = self.model.w
-        self.sampler = make_sampler(
-            cfg.availability, handle, cfg.clients_per_round, cfg.seed, self.spec,
-            model_bytes=w.numel() * w.element_size(),
-            poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
-            upload_bytes=None if not self.stack.layers else
-            self.stack.upload_bytes(w.numel(), w.element_size()),
-            selection=cfg.selection)
+        self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
         if actor_names is None:
             worker = ClientWorker(WorkerParts.of(cfg, handle.num_clients, self.stack), handle,
                                   self.state_root,
