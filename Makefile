@@ -10,7 +10,7 @@ FMNIST_DIR := /usr/share/datasets/fashion-mnist
 FMNIST_FETCHED := $(HOME)/.cache/rayfl-data/fmnist
 SHAKESPEARE_DIR := $(HOME)/.cache/rayfl-data/shakespeare
 
-.PHONY: demo test bench docs tutorial fmnist shakespeare venv clean
+.PHONY: demo test bench bench-peers docs tutorial fmnist shakespeare venv clean
 
 venv: $(STAMP)
 
@@ -63,6 +63,12 @@ tutorial: $(STAMP)
 
 bench: $(STAMP) fmnist
 	$(BIN)/python benchmarks/bench_round.py $(ARGS)
+	$(BIN)/python benchmarks/bench_cohort.py
+
+# rayfl beside Flower, pfl and BlazeFL on the reference workload, each peer installed into its
+# own environment under .venv-peers/ (docs/performance.md, "Against other simulators").
+bench-peers: $(STAMP) fmnist
+	$(BIN)/python benchmarks/bench_peers.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) .venv-peers runs

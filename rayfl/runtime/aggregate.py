@@ -72,8 +72,13 @@ class PartialSum:
         self.source = (where, t)
         self.count += 1
         self.weight_sum += weight
-        self.delta_w = _sum(self.delta_w, delta * weight)
-        self.delta = _sum(self.delta, delta)
+        # the running sums are this PartialSum's own tensors: added to in place
+        scaled = delta * weight
+        if self.delta_w is None:
+            self.delta_w, self.delta = scaled, delta.clone()
+        else:
+            self.delta_w += scaled
+            self.delta += delta
         wide = delta.double()
         self.delta_sq += float(torch.dot(wide, wide))
         self.steps += steps

@@ -155,6 +155,7 @@ class ClientWorker:
         self.store = StateStore(state_root, budget_bytes, parts.stamp)
         self.messages = Messages(state_root)
         self.loss_fn = criterion(handle)
+        self._round = None  # (round key, RoundData) of the last call
 
     def ready(self) -> dict:
         """Where this actor landed: node, GPUs Ray assigned, torch device and threads."""
@@ -164,9 +165,18 @@ class ClientWorker:
                 "threads": torch.get_num_threads(),
                 "deterministic": torch.are_deterministic_algorithms_enabled()}
 
+    def _round_rows(self, t: int, round_clients: np.ndarray | None):
+        """The round's :class:`~rayfl.data.regime.RoundData`, kept for the round's next call
+        (an actor trains a round's groups in several calls; a drift regime's re-split is
+        computed once)."""
+        key = (t, None if round_clients is None else np.asarray(round_clients).tobytes())
+        if self._round is None or self._round[0] != key:
+            self._round = (key, self.reader.round(t, round_clients))
+        return self._round[1]
+
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> its rows of round ``t`` (:class:`ClientData`: gradient function, model)."""
-        rows = self.reader.round(t, round_clients)
+        rows = self._round_rows(t, round_clients)
         model, loss_fn, layers = self.model, self.loss_fn, self.stack.layers
         classes = self.reader.handle.num_classes
 

@@ -1,7 +1,7 @@
 """Executors: where the round loop's groups of clients train.
 
-:class:`RayExecutor` hands whole groups to client actors (balanced by sample count, one call per
-busy actor, the broadcast put in the object store once); :class:`InProcessExecutor` trains them
+:class:`RayExecutor` hands groups to client actors as they free up (largest first, the
+broadcast put in the object store once); :class:`InProcessExecutor` trains them
 in this process with the same :class:`~rayfl.runtime.client_actor.ClientWorker` code, for
 debugging and notebooks without Ray. Both return the same partial sums, so a config gives the
 same model bytes on either.
@@ -9,15 +9,28 @@ same model bytes on either.
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 import numpy as np
+
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
-from rayfl.runtime.loop import balance
 
 
 def _numpy(bc):
     """The broadcast tree with numpy arrays (what crosses the object store)."""
     return tree_map(lambda v: v.detach().cpu().numpy(), bc)
+
+
+def combined(reports: list[dict]) -> dict:
+    """One actor's reports of a round's calls as one: its groups' sums and clients written in
+    the order it trained them, its training seconds added, its memory at the peak and last."""
+    return {"sums": [pair for r in reports for pair in r["sums"]],
+            "written": [c for r in reports for c in r["written"]],
+            "seconds": sum(r["seconds"] for r in reports), "store": reports[-1]["store"],
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in reports),
+            "private_mb": reports[-1]["private_mb"]}
 
 
 class ActorsLost(RuntimeError):
@@ -44,7 +57,8 @@ class RayExecutor:
         self.restarts = 0  # actors killed for hanging, over the run
 
     def _wait(self, refs: list, owners: list) -> list[dict]:
-        """Results of ``refs``, killing (so restarting) owners that exceed the deadline."""
+        """Results of ``refs`` in order, killing (so restarting) owners that exceed the
+        deadline."""
         import ray
 
         pending, deadline = list(refs), self.timeout_s
@@ -53,34 +67,91 @@ class RayExecutor:
             if pending and deadline is not None:
                 deadline = self.timeout_s + self.startup_s  # the killed restart first
             for ref in pending:
-                self.restarts += 1
-                if self.restarts > self.max_restarts * len(self.actors):
-                    raise ActorsLost(f"client actors hung {self.restarts} times (over "
-                                     f"runtime.actor_timeout_s = {self.timeout_s:g} s)")
-                ray.kill(owners[refs.index(ref)], no_restart=False)
+                self._kill(owners[refs.index(ref)])
+        results = []
+        for i, ref in enumerate(refs):
+            results.append(self._get(ref, refs[i + 1:]))
+        return results
+
+    def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
+        """Each actor takes the next group, heaviest first, as soon as it is free: an actor
+        on a slower (or busier) core trains fewer groups, and no actor idles while groups
+        wait. Which actor trains a group changes nothing in its sum. One report per actor
+        that trained, its calls combined."""
+        import ray
+
+        loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
+        queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
+        bc_ref, clients_ref = ray.put(_numpy(bc)), ray.put(round_clients)
+        running: dict = {}  # call -> (actor index, deadline or None)
+        done: list[list[dict]] = [[] for _ in self.actors]
+
+        def give(a: int) -> None:
+            g = queue.popleft()
+            call = self.actors[a].train.remote(t, bc_ref, lr, [groups[g]], keep_dir, clients_ref)
+            running[call] = (a, self._deadline(self.timeout_s))
+
+        for a in range(min(len(self.actors), len(queue))):
+            give(a)
+        while running:
+            call = self._next(running)
+            if call is None:
+                continue
+            a, _ = running.pop(call)
+            done[a].append(self._get(call, list(running)))
+            if queue:
+                give(a)
+        return [combined(reports) for reports in done if reports]
+
+    @staticmethod
+    def _deadline(seconds: float | None) -> float | None:
+        return None if seconds is None else time.monotonic() + seconds
+
+    def _next(self, running: dict):
+        """The first call of ``running`` to finish, or None after killing (so restarting) the
+        owners of calls past their deadline, which then get ``startup_s`` more."""
+        import ray
+
+        deadlines = [d for _, d in running.values() if d is not None]
+        wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+        ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
+        if ready:
+            return ready[0]
+        now = time.monotonic()
+        for call, (a, deadline) in list(running.items()):
+            if deadline is not None and deadline <= now:
+                self._kill(self.actors[a])
+                running[call] = (a, self._deadline(self.timeout_s + self.startup_s))
+        return None
+
+    def _kill(self, actor) -> None:
+        """Kill a hung actor so Ray restarts it and re-runs its call; ActorsLost past the
+        allowance."""
+        import ray
+
+        self.restarts += 1
+        if self.restarts > self.max_restarts * len(self.actors):
+            raise ActorsLost(f"client actors hung {self.restarts} times (over "
+                             f"runtime.actor_timeout_s = {self.timeout_s:g} s)")
+        ray.kill(actor, no_restart=False)
+
+    def _get(self, call, others: list):
+        """A finished call's result; the user's ComponentError itself for a failed one (every
+        other call read first: Ray logs an error nobody read), ActorsLost for a dead actor."""
+        import ray
+
         try:
-            return ray.get(refs)
+            return ray.get(call)
         except ray.exceptions.RayActorError as e:
             raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
                              f"{self.max_restarts} times ({type(e).__name__})") from None
-        except ray.exceptions.RayTaskError as e:  # a user's ComponentError: itself, not Ray's
-            for ref in refs:  # every other actor's error read too: Ray logs an unread one
+        except ray.exceptions.RayTaskError as e:
+            for ref in others:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError:
                     pass
             raise unwrapped(e) from None
-
-    def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
-        import ray
-
-        loads = np.array([sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups])
-        per_actor = balance(loads, len(self.actors))
-        bc_ref, clients_ref = ray.put(_numpy(bc)), ray.put(round_clients)
-        busy = [(actor, gids) for actor, gids in zip(self.actors, per_actor) if gids]
-        calls = [actor.train.remote(t, bc_ref, lr, [groups[g] for g in sorted(gids)], keep_dir,
-                                    clients_ref) for actor, gids in busy]
-        return self._wait(calls, [actor for actor, _ in busy])
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
         chunks = np.array_split(client_ids, len(self.actors))

@@ -166,11 +166,14 @@ def train_client(rule: LocalRule, y0: Vec, grad_fn: GradFn, n: int, spec: LocalS
     steps' losses)."""
     y = y0.clone()
     opt = LocalOptimizer(spec, lr, y)
-    loss_sum = torch.zeros((), dtype=torch.float64, device=y.device)
+    # float64 sums of the float32 losses: a Python float on the CPU (the same sum), on a GPU
+    # a device scalar (reading the loss back each step would wait for the GPU)
+    on_cpu = y.device.type == "cpu"
+    loss_sum = 0.0 if on_cpu else torch.zeros((), dtype=torch.float64, device=y.device)
     for idx in device_schedule(n, spec, rng, max_steps, y.device):
         loss, g = grad_fn(rule.grad_point(y), idx)
         opt.step(y, g, rule)
-        loss_sum += loss.detach()
+        loss_sum += float(loss) if on_cpu else loss.detach()
     return y, opt.steps, float(loss_sum)
 
 

@@ -56,11 +56,13 @@ class MemoryStore:
 Source = Callable[[int], ClientData]
 
 
-def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext) -> ClientResult:
+def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext,
+               where: str | None = None) -> ClientResult:
     """The algorithm's ``client_train`` for one client, its result checked: one
-    :class:`~rayfl.contract.ComponentError` naming the method, the round and the client when it
-    raises or hands back something else than its contract says."""
-    where = name_of(type(algorithm), "client_train")
+    :class:`~rayfl.contract.ComponentError` naming the method (``where``: its name, when the
+    caller has it already), the round and the client when it raises or hands back something
+    else than its contract says."""
+    where = where or name_of(type(algorithm), "client_train")
     x = task.bc["x"]
     lent = Lent().add('task.bc["x"] (ctx.x)', x).add(
         "task.bc", {k: v for k, v in task.bc.items() if k != "x"}).add("task.state", task.state)
@@ -163,6 +165,8 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
     """
     algorithm, layers = stack.algorithm, stack.layers
     traits = algorithm.traits
+    trains = name_of(type(algorithm), "client_train")
+    applies = [name_of(layer, "client_apply") for layer in layers]
     sums, written = [], []
     x = bc.algorithm["x"]
     for group, tasks in groups:
@@ -181,7 +185,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             task = ClientTask(client, t, lr, weight, dict(bc.algorithm), state,
                               steps if budget is None else min(steps, budget))
             ctx = LocalContext(task, data, spec, rng.client_stream(seed, t, client), budget)
-            result = run_client(algorithm, task, ctx)
+            result = run_client(algorithm, task, ctx, trains)
             if data.has_buffers:
                 check_buffers(data.model, built, t, client)
             if on_model is not None:
@@ -192,7 +196,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
                                    dict(saved.layers[i] or {}))
-                name = name_of(layer, "client_apply")
+                name = applies[i]
                 lent = Lent().add("ctx.broadcast", bc.layers[i]).add("ctx.state", saved.layers[i])
                 with calling(name, round=t, client=client):
                     delta = returned_vector(layer.client_apply(delta, t, client, lc), x, name,
@@ -208,6 +212,6 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
                 written.append(client)
             acc.add_client(client, delta, weight, ctx.steps, data.n, loss, result.payload,
                            payloads, buffers, stack.needs_updates,
-                           name_of(type(algorithm), "client_train"), t)
+                           trains, t)
         sums.append((group, acc))
     return sums, written
