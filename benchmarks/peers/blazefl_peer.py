@@ -48,7 +48,6 @@ compatible with input tensor's size and stride"), so the flat vectors are made h
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -74,7 +73,7 @@ from blazefl.core import (
 from torch.utils.data import TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workload import LOOP, RoundTimer, Workload, build_model, client_seed, report, train_client  # noqa: E402
+from workload import arguments, LOOP, RoundTimer, Workload, build_model, client_seed, report, train_client  # noqa: E402
 
 VERSION = "2.0.3"
 
@@ -255,11 +254,7 @@ class PlanThreadPoolClientTrainer(
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__)
     parser.add_argument("--mode", choices=["processes", "threads"], default="processes",
                         help="ProcessPoolClientTrainer or ThreadPoolClientTrainer (default: "
                              "processes, BlazeFL's parallel mode on a Python with the GIL)")

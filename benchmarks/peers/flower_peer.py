@@ -153,11 +153,7 @@ def make_server_app(args: argparse.Namespace, num_nodes: int, result: dict) -> S
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--rounds", type=int, default=22)
-    ap.add_argument("--workers", type=int, default=2)
+    ap = W.arguments(__doc__)
     args = ap.parse_args()
     args.workload = os.path.abspath(args.workload)
     torch.set_num_threads(1)

@@ -48,7 +48,6 @@ as pfl counted them (checked against the plan). Only rank 0 writes the report an
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -58,14 +57,11 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from workload import arguments  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--rounds", type=int, required=True)
-    p.add_argument("--workers", type=int, default=2, help="torchrun processes")
+    p = arguments(__doc__)
     p.add_argument("--local-loop", choices=("workload", "pfl"), default="workload",
                    help="train_client from workload.py (default) or pfl's own SGD loop")
     p.add_argument("--worker", action="store_true",
@@ -77,8 +73,8 @@ def launch(args) -> int:
     """Re-run this script under torchrun, one process per worker."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={args.workers}", os.path.abspath(__file__),
-           "--workload", args.workload, "--out", args.out, "--rounds", str(args.rounds),
-           "--workers", str(args.workers), "--local-loop", args.local_loop, "--worker"]
+           "--workload", args.workload, "--out", args.out,
+           *(["--rounds", str(args.rounds)] if args.rounds else []), "--workers", str(args.workers), "--local-loop", args.local_loop, "--worker"]
     # One thread a process (torchrun would set this too, with a warning).
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     return subprocess.call(cmd, env=env)
@@ -143,7 +139,7 @@ def worker(args) -> None:
     assert world == args.workers, (world, args.workers)
 
     wl = Workload.load(args.workload)
-    rounds = args.rounds
+    rounds = args.rounds or len(wl.plan)
     plan = wl.plan[:rounds]
     assert len(plan) == rounds, f"the workload plans {len(wl.plan)} rounds, not {rounds}"
     cohort = int(plan.shape[1])

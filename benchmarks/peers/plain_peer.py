@@ -11,7 +11,6 @@ worker per round — the least a two-process simulator can do.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -19,7 +18,7 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workload import RoundTimer, Workload, build_model, client_seed, report, train_client  # noqa: E402
+from workload import arguments, RoundTimer, Workload, build_model, client_seed, report, train_client  # noqa: E402
 
 
 def split(clients, sizes, workers: int) -> list[list[int]]:
@@ -57,11 +56,7 @@ def worker(path: str, shared: dict, accumulator: dict, conn) -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = Workload.load(args.workload)

@@ -7,7 +7,6 @@ workload's, and no evaluation until the last round. Runs in rayfl's own environm
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -18,17 +17,13 @@ import rayfl
 from rayfl import config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workload import LOOP, Workload, report  # noqa: E402
+from workload import arguments, LOOP, Workload, report  # noqa: E402
 
 BASE = "configs/quickstart.yaml"
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--workers", type=int, default=2)
+    parser = arguments(__doc__)
     args = parser.parse_args(argv)
     data = Workload.load(args.workload)
     rounds = args.rounds or len(data.plan)

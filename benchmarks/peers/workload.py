@@ -13,6 +13,7 @@ their weights by sample count; it reports the samples and seconds of each round
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -83,6 +84,17 @@ def train_client(model: nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) 
             loss_fn(model(x[idx]), y[idx]).backward()
             opt.step()
     return len(y) * LOOP["epochs"]
+
+
+def arguments(doc: str) -> argparse.ArgumentParser:
+    """The command line every peer script takes (``doc``: its module docstring); a script adds
+    its own options."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--workload", required=True, help="the workload file (``export``)")
+    p.add_argument("--out", required=True, help="the report; the final model goes to OUT.pt")
+    p.add_argument("--rounds", type=int, default=None, help="default: every planned round")
+    p.add_argument("--workers", type=int, default=2, help="parallel workers, 1 thread each")
+    return p
 
 
 def client_seed(t: int, c: int) -> int:
