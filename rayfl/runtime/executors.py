@@ -77,19 +77,22 @@ class RayExecutor:
         """Each actor takes the next group, heaviest first, as soon as it is free: an actor
         on a slower (or busier) core trains fewer groups, and no actor idles while groups
         wait. Which actor trains a group changes nothing in its sum. One report per actor
-        that trained, its calls combined."""
+        that trained, its calls combined. When groups fail, the error raised is the lowest
+        group's (every lower group is run to know): the one the in-process executor, which
+        trains the groups in order, raises."""
         import ray
 
         loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
         queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
         bc_ref, clients_ref = ray.put(_numpy(bc)), ray.put(round_clients)
-        running: dict = {}  # call -> (actor index, deadline or None)
+        running: dict = {}  # call -> (actor index, group, deadline or None)
         done: list[list[dict]] = [[] for _ in self.actors]
+        failed: dict = {}  # group -> its error
 
         def give(a: int) -> None:
             g = queue.popleft()
             call = self.actors[a].train.remote(t, bc_ref, lr, [groups[g]], keep_dir, clients_ref)
-            running[call] = (a, self._deadline(self.timeout_s))
+            running[call] = (a, g, self._deadline(self.timeout_s))
 
         for a in range(min(len(self.actors), len(queue))):
             give(a)
@@ -97,10 +100,18 @@ class RayExecutor:
             call = self._next(running)
             if call is None:
                 continue
-            a, _ = running.pop(call)
-            done[a].append(self._get(call, list(running)))
+            a, g, _ = running.pop(call)
+            try:
+                done[a].append(ray.get(call))
+            except ray.exceptions.RayActorError as e:
+                raise self._lost(e) from None
+            except ray.exceptions.RayTaskError as e:  # a user's ComponentError, say
+                failed[g] = e
+                queue = deque(h for h in queue if h < min(failed))
             if queue:
                 give(a)
+        if failed:
+            raise unwrapped(failed[min(failed)]) from None
         return [combined(reports) for reports in done if reports]
 
     @staticmethod
@@ -112,16 +123,16 @@ class RayExecutor:
         owners of calls past their deadline, which then get ``startup_s`` more."""
         import ray
 
-        deadlines = [d for _, d in running.values() if d is not None]
+        deadlines = [d for *_, d in running.values() if d is not None]
         wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
         ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
         if ready:
             return ready[0]
         now = time.monotonic()
-        for call, (a, deadline) in list(running.items()):
+        for call, (a, g, deadline) in list(running.items()):
             if deadline is not None and deadline <= now:
                 self._kill(self.actors[a])
-                running[call] = (a, self._deadline(self.timeout_s + self.startup_s))
+                running[call] = (a, g, self._deadline(self.timeout_s + self.startup_s))
         return None
 
     def _kill(self, actor) -> None:
@@ -135,6 +146,10 @@ class RayExecutor:
                              f"runtime.actor_timeout_s = {self.timeout_s:g} s)")
         ray.kill(actor, no_restart=False)
 
+    def _lost(self, e: Exception) -> ActorsLost:
+        return ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
+                          f"{self.max_restarts} times ({type(e).__name__})")
+
     def _get(self, call, others: list):
         """A finished call's result; the user's ComponentError itself for a failed one (every
         other call read first: Ray logs an error nobody read), ActorsLost for a dead actor."""
@@ -143,8 +158,7 @@ class RayExecutor:
         try:
             return ray.get(call)
         except ray.exceptions.RayActorError as e:
-            raise ActorsLost(f"a client actor died more than runtime.max_actor_restarts = "
-                             f"{self.max_restarts} times ({type(e).__name__})") from None
+            raise self._lost(e) from None
         except ray.exceptions.RayTaskError as e:
             for ref in others:
                 try:
