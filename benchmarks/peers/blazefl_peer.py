@@ -117,11 +117,16 @@ class PartitionedWorkload(PartitionedDataset[PartitionType]):
         assert isinstance(dataset, TensorDataset)
         return dataset
 
+    # BlazeFL's PartitionedDataset declares these two abstract; this peer never calls them
+    # (the partition is written once above, and train_client batches a client's rows itself),
+    # so a call would be a bug in the peer: refused loudly rather than half-implemented.
     def set_dataset(self, type_, cid, dataset) -> None:
-        raise NotImplementedError("the partition is fixed")
+        raise NotImplementedError("blazefl_peer: the workload's partition is fixed; "
+                                  "set_dataset is never called")
 
     def get_dataloader(self, type_, cid, batch_size, generator):
-        raise NotImplementedError("train_client batches the client's rows itself")
+        raise NotImplementedError("blazefl_peer: train_client batches a client's rows itself; "
+                                  "get_dataloader is never called")
 
 
 @dataclass
