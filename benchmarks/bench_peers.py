@@ -5,7 +5,8 @@ clients with Dirichlet(0.1) label mixes, the same 10 clients each round (rayfl's
 the FMNIST CNN in channels-last layout, one epoch of SGD (lr 0.01, momentum 0.9, weight decay
 0.001) in batches of 50, sample-weighted averaging — each on the same 2 workers × 1 thread:
 
-- rayfl: ``configs/quickstart.yaml`` as a user runs it (2 Ray actors, a checkpoint a round);
+- rayfl: ``configs/quickstart.yaml`` as a user runs it (2 Ray actors, a checkpoint a round),
+  and the same on its thread-pool executor (``runtime.executor: threads``, 2 threads);
 - plain loop: two single-thread processes and nothing else (the floor, ``plain_peer.py``);
 - Flower, pfl and BlazeFL (2 threads, as its README recommends, and 2 processes), each
   installed into its own environment under ``.venv-peers/`` (never into rayfl's) from
@@ -13,7 +14,7 @@ the FMNIST CNN in channels-last layout, one epoch of SGD (lr 0.01, momentum 0.9,
 
 Each pass runs every system once, in a rotated order; a system's speed is samples trained per
 second over the steady rounds (the first two and the last are left out). Printed: each pass,
-and rayfl's ratio to each system as the median and min–max over the passes. Each peer's final
+and each rayfl executor's ratio to each system as the median and min–max over the passes. Each peer's final
 model is compared with the plain loop's (max |Δw|): the same workload gives the same weights up
 to float rounding, which shows every peer trained what the others did.
 
@@ -48,6 +49,7 @@ INSTALLED = {
 # system → (peer script NAME_peer.py, its environment or None for rayfl's, extra arguments)
 RUNS = {
     "rayfl": ("rayfl", None, []),
+    "rayfl-threads": ("rayfl", None, ["--executor", "threads"]),
     "plain": ("plain", None, []),
     "flower": ("flower", "flower", []),
     "pfl": ("pfl", "pfl", []),
@@ -167,19 +169,23 @@ def main(argv=None) -> None:
             notes[system] = (label, result.get("note", ""))
             print(f"  pass {p + 1} {system:8s} {speeds[system][-1]:8,.0f} samples/s "
                   f"({result['wall_s']:.0f} s wall)", flush=True)
-    print(f"\n{'system':32s} {'samples/s, each pass':>28s}   rayfl ÷ it: median (min–max)")
-    ours = speeds["rayfl"]
+    ours = [s for s in speeds if RUNS[s][1] is None and s != "plain" and speeds[s]]
+    print(f"\n{'system':32s} {'samples/s, each pass':>28s}   "
+          + "   ".join(f"{notes[s][0]} ÷ it: median (min–max)" for s in ours))
     summary = {}
     for system, values in speeds.items():
         if not values:
             continue
-        ratios = [a / b for a, b in zip(ours, values)]
         summary[system] = {"name": notes[system][0], "note": notes[system][1],
-                           "samples_per_s": values, "rayfl_ratio": ratios}
+                           "samples_per_s": values}
+        columns = []
+        for mine in ours:  # each of rayfl's executors against each system, pass by pass
+            ratios = [a / b for a, b in zip(speeds[mine], values)]
+            summary[system][f"{mine}_ratio"] = ratios
+            columns.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–"
+                           f"{max(ratios):.2f})" if system not in ours else "")
         each = " ".join(f"{v:,.0f}" for v in values)
-        ratio = "" if system == "rayfl" else (
-            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})")
-        print(f"{notes[system][0]:32s} {each:>28s}   {ratio}")
+        print(f"{notes[system][0]:32s} {each:>28s}   " + "   ".join(f"{c:32s}" for c in columns))
     floor = os.path.join(VENVS, "result-plain-0.json.pt")
     if os.path.exists(floor):
         import torch
@@ -193,7 +199,7 @@ def main(argv=None) -> None:
               f"up to {moved:.2f}):")
         for system in speeds:
             model = os.path.join(VENVS, f"result-{system}-0.json.pt")
-            if system not in ("plain", "rayfl") and os.path.exists(model):
+            if system != "plain" and system not in ours and os.path.exists(model):
                 gap = max_weight_gap(model, floor)
                 summary[system]["max_weight_gap"] = gap
                 print(f"  {notes[system][0]:30s} {gap:.2e}")

@@ -4,10 +4,10 @@ from rayfl.config import Config, ConfigError, load as load_config
 from rayfl.contract import ComponentError
 # Bring your own component: ``@rayfl.register_algorithm`` (or ``register_algorithm(MyAlgo,
 # name="mine")``) makes ``algorithm.name: mine`` work; likewise models, datasets, availability
-# models, client selectors and server wrappers.
+# models, client selectors, server wrappers, server optimisers and executors.
 from rayfl.registry import (register_algorithm, register_availability, register_dataset,
-                            register_model, register_selector, register_server_opt,
-                            register_wrapper)
+                            register_executor, register_model, register_selector,
+                            register_server_opt, register_wrapper)
 from rayfl.runtime.harness import simulate
 from rayfl.runtime.storage import CheckpointError
 from rayfl.simulation import RunResult, resume, run
@@ -15,5 +15,5 @@ from rayfl.simulation import RunResult, resume, run
 __all__ = ["CheckpointError", "ComponentError", "Config", "ConfigError", "RunResult",
            "load_config", "resume", "run", "simulate", "register_algorithm", "register_model",
            "register_dataset", "register_availability", "register_selector", "register_wrapper",
-           "register_server_opt"]
+           "register_server_opt", "register_executor"]
 __version__ = "0.2.0"

@@ -173,7 +173,8 @@ def config_reference(algorithm: str | None = None, others: dict[str, str] | None
         return "\n".join(component_reference(kind, name) for kind, name in named)
     parts = ["## Run config keys", "", _table(describe_fields(Config)), ""]
     parts += optional_sections() + transform_reference()
-    for kind in ("model", "dataset", "availability", "selector", "wrapper", "server_opt"):
+    for kind in ("model", "dataset", "availability", "selector", "wrapper", "server_opt",
+                 "executor"):
         parts += _components(kind)
     parts += [component_reference("algorithm", name) for name in registry.names("algorithm")]
     parts.append(combinations())

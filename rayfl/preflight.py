@@ -10,8 +10,9 @@ in this process, on the run's real data and population:
 - a user's algorithm, server wrapper, server optimiser, model or dataset trains one client —
   the smallest that has rows — through the path a run trains clients in process (the server
   state it starts from built as a run builds it);
-- under Ray, each of the user's components, and the layers built from them, must pickle: Ray
-  sends them to its workers.
+- under an executor that copies the run's parts (Ray sends them to its workers, the thread
+  executor gives each thread its own), each of the user's components, and the layers built
+  from them, must pickle.
 
 A component that breaks its contract then fails as one line (a ComponentError or ConfigError)
 with nothing written and nothing started, not inside Ray in round 1 after the run directory
@@ -56,12 +57,13 @@ def user_components(cfg) -> dict[str, bool]:
                                        *[s for s in (cfg.server_opt,) if s is not None])))}
 
 
-def run(cfg, handle, stack) -> None:
+def run(cfg, handle, stack, executor) -> None:
     """Run each of the user's components of ``cfg`` once on the data behind ``handle`` (on a
-    stack of their own: ``stack``, the run's, is only checked to pickle); a broken contract
-    raises (ComponentError or ConfigError), nothing is written."""
+    stack of their own: ``stack``, the run's, is only checked to pickle when the ``executor``
+    class copies the parts); a broken contract raises (ComponentError or ConfigError), nothing
+    is written."""
     user = user_components(cfg)
-    if cfg.runtime.executor != "inprocess":
+    if getattr(executor, "copies_parts", False):
         _sendable(cfg, stack)
     if not (user["sampling"] or user["training"]):
         return
@@ -166,8 +168,9 @@ def _sendable(cfg, stack) -> None:
                 cloudpickle.dumps(obj)
             except Exception as e:  # noqa: BLE001 - whatever pickling the user's object raises
                 raise ConfigError(key, section.component_name,
-                                  f"a component Ray can send to its workers (pickling it"
-                                  f"{what} failed: {type(e).__name__}: {e})") from None
+                                  f"a component the executor can copy to its workers "
+                                  f"(pickling it{what} failed: {type(e).__name__}: {e})"
+                                  ) from None
 
 
 @contextlib.contextmanager

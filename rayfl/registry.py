@@ -1,9 +1,9 @@
 """Components by name: built-ins, ``package.module:Name`` references and objects registered in
 Python.
 
-Seven kinds of component are named in a config: ``algorithm.name``, ``model.name``,
-``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name`` and each
-``wrappers`` entry's ``name``. Each accepts a built-in name (the tables below:
+Eight kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name``,
+``runtime.executor`` and each ``wrappers`` entry's ``name``. Each accepts a built-in name (the tables below:
 adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
@@ -32,7 +32,8 @@ from rayfl.suggest import no_such_key
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
         "availability": "availability.model", "selector": "selection.name",
-        "wrapper": "wrappers[].name", "server_opt": "server_opt.name"}
+        "wrapper": "wrappers[].name", "server_opt": "server_opt.name",
+        "executor": "runtime.executor"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -116,6 +117,11 @@ BUILTINS: dict[str, dict[str, str]] = {
         "adam": "rayfl.algorithms.server_opt:adam_of",
         "yogi": "rayfl.algorithms.server_opt:yogi_of",
         "adagrad": "rayfl.algorithms.server_opt:adagrad_of",
+    },
+    "executor": {
+        "ray": "rayfl.runtime.executors:RayExecutor",
+        "inprocess": "rayfl.runtime.executors:InProcessExecutor",
+        "threads": "rayfl.runtime.threads:ThreadExecutor",
     },
 }
 
@@ -250,10 +256,11 @@ def identity(obj: Any) -> str:
 
 def summary(kind: str, name: str) -> str:
     """One line on a component: its docstring's first paragraph (a built-in class: its
-    module's, which names the paper)."""
+    module's, which names the paper; an executor, which names no paper: its own)."""
     obj = resolve(kind, name)
     module = sys.modules.get(getattr(obj, "__module__", "") or "")
-    from_module = is_builtin(kind, name) and isinstance(obj, type) and module is not None
+    from_module = is_builtin(kind, name) and isinstance(obj, type) and module is not None \
+        and kind != "executor"
     doc = (module.__doc__ if from_module else None) or obj.__doc__ or ""
     return " ".join(doc.strip().split("\n\n")[0].split())
 
@@ -496,3 +503,13 @@ def register_server_opt(optimizer: C | None = None, *, name: str | None = None) 
 
     Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
     return register("server_opt", optimizer, name=name)
+
+
+def register_executor(executor: C | None = None, *, name: str | None = None) -> Registered:
+    """Make ``runtime.executor: NAME`` train the clients with ``executor``: a class with
+    ``on_ray`` (False: the run stays in this process; True: it gets Ray's client actors) and a
+    classmethod ``build(hosting)`` (a [`Hosting`][rayfl.runtime.executors.Hosting]) returning an
+    object that answers [`Executor`][rayfl.runtime.loop.Executor]'s calls.
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("executor", executor, name=name)

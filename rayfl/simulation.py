@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl import config as config_mod
-from rayfl import algorithms, compat, failures
+from rayfl import algorithms, compat, failures, registry
 from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
 from rayfl import rundir
@@ -51,10 +51,15 @@ def new_run_dir(cfg: Config) -> str:
     return rundir.new_path(cfg.output_dir, cfg.name)
 
 
+def executor_of(cfg: Config):
+    """The ``runtime.executor`` class the run trains on (:mod:`rayfl.runtime.executors`)."""
+    return registry.resolve("executor", cfg.runtime.executor)
+
+
 def _ensure_ray(cfg: Config) -> None:
-    """Join or start Ray and check the run's actors fit it (before any file is written); the
-    in-process executor needs no Ray."""
-    if cfg.runtime.executor == "inprocess":
+    """Join or start Ray and check the run's actors fit it (before any file is written); an
+    executor not ``on_ray`` needs no Ray."""
+    if not executor_of(cfg).on_ray:
         return
     connect_ray(cfg)
     require_actor_resources(cfg)
@@ -65,17 +70,19 @@ def _check_local_ray(cfg: Config) -> None:
     anything starts."""
     rt = cfg.runtime
     local = rt.ray_num_cpus or os.cpu_count() or 1
-    if rt.executor == "ray" and rt.address is None and rt.cpus_per_actor > local:
+    if not executor_of(cfg).on_ray or rt.address is not None:
+        return
+    if rt.cpus_per_actor > local:
         raise ConfigError("runtime.cpus_per_actor", rt.cpus_per_actor,
                           f"at most the {local} CPUs of a local Ray (an actor's torch threads "
                           "run on them); join a cluster with runtime.address")
-    if rt.executor == "ray" and rt.address is None and rt.num_actors > 8 * local:
+    if rt.num_actors > 8 * local:
         raise ConfigError("runtime.num_actors", rt.num_actors,
                           f"at most 8 × the {local} CPUs of a local Ray (each actor is a "
                           "process); join a cluster with runtime.address")
 
 
-def _start(cfg: Config, handle, stack, run_dir: str, resume: bool):
+def _start(cfg: Config, handle, stack, executor, run_dir: str, resume: bool):
     import ray
 
     from rayfl.runtime.client_actor import ClientActor, WorkerParts
@@ -100,7 +107,7 @@ def _start(cfg: Config, handle, stack, run_dir: str, resume: bool):
     startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume, startup_s, stack)
+        cfg, handle, run_dir, names, resume, startup_s, stack, executor)
     return server, actors
 
 
@@ -180,9 +187,10 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     return " | ".join(parts)
 
 
-def _run_inprocess(cfg: Config, handle, stack, run_dir: str, resume: bool, quiet: bool,
-                   max_rounds: int | None, on_round) -> dict:
-    """The whole run in this process (``runtime.executor: inprocess``): no Ray at all."""
+def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, quiet: bool,
+              max_rounds: int | None, on_round) -> dict:
+    """The whole run in this process (an executor not ``on_ray``: in-process, threads): no
+    Ray at all."""
     from rayfl.runtime.server import Server
 
     eta = Eta()
@@ -194,7 +202,8 @@ def _run_inprocess(cfg: Config, handle, stack, run_dir: str, resume: bool, quiet
 
     try:
         with own_exits():
-            return Server(cfg, handle, run_dir, None, resume, stack=stack).run(max_rounds, show)
+            return Server(cfg, handle, run_dir, None, resume, stack=stack,
+                          executor=executor).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
@@ -208,18 +217,18 @@ def _check_max_rounds(max_rounds: int | None) -> None:
                           "pausing)")
 
 
-def _execute(cfg: Config, handle, stack, run_dir: str, resume: bool, quiet: bool,
+def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
-    if cfg.runtime.executor == "inprocess":
-        summary = _run_inprocess(cfg, handle, stack, run_dir, resume, quiet, max_rounds,
-                                 on_round)
+    if not executor.on_ray:
+        summary = _run_here(cfg, handle, stack, executor, run_dir, resume, quiet, max_rounds,
+                            on_round)
     else:
         import ray
 
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
-        server, actors = _start(cfg, handle, stack, run_dir, resume)
+        server, actors = _start(cfg, handle, stack, executor, run_dir, resume)
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
                               on_round)
@@ -262,12 +271,13 @@ def check_request(cfg: Config, max_rounds: int | None) -> None:
 
 
 class Parts(NamedTuple):
-    """What a launch hands down, built once on the driver: the partition store's handle and the
+    """What a launch hands down, built once on the driver: the partition store's handle, the
     run's stack (algorithm, layers, server optimiser), sent by value to the server and every
-    client actor."""
+    client actor, and the executor class the server trains on."""
 
     handle: Any
     stack: Any
+    executor: Any
 
 
 def preflight(cfg: Config) -> Parts:
@@ -286,8 +296,9 @@ def preflight(cfg: Config) -> Parts:
         check_single_rows(model, handle, cfg.local.batch_size)
         check_files(cfg.availability, handle.num_clients)
         stack = algorithms.build(cfg, handle.num_clients)  # the layers and server optimiser build
-        user_preflight.run(cfg, handle, stack)  # the user's components once, nothing written
-    return Parts(handle, stack)
+        executor = executor_of(cfg)
+        user_preflight.run(cfg, handle, stack, executor)  # the user's components once
+    return Parts(handle, stack, executor)
 
 
 def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: bool,

@@ -196,8 +196,8 @@ def test_a_component_ray_cannot_send_is_refused_before_the_run_directory(cli, tm
         registry.unregister("algorithm", "holds_a_lock")
     assert code == 2, err
     assert err == ["rayfl: error: config key 'algorithm.name' = 'holds_a_lock': expected a "
-                   "component Ray can send to its workers (pickling it failed: TypeError: "
-                   "cannot pickle '_thread.lock' object)"]
+                   "component the executor can copy to its workers (pickling it failed: "
+                   "TypeError: cannot pickle '_thread.lock' object)"]
     assert not (tmp_path / "runs").exists()
 
 

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from rayfl import registry
 from rayfl.schema import ConfigError, field
 
 MAX_ACTORS = 4096  # client actors: each is a process
@@ -48,9 +49,10 @@ class LocalConfig:
 class RuntimeConfig:
     """Ray resources and execution."""
 
-    executor: Literal["ray", "inprocess"] = field(
-        "ray", doc="where clients train: ray (client actors) or inprocess (this process, no Ray: "
-                   "debugging, notebooks); same model bytes either way")
+    executor: str = field(
+        "ray", doc="where clients train: ray (client actors), threads (runtime.num_actors threads "
+                   "of this process, no Ray) or inprocess (this process, one client after "
+                   "another: debugging, notebooks); same model bytes on each")
     address: Optional[str] = field(None, doc="null: start a local Ray; 'auto', 'ray://...' or "
                                              "host:port joins a cluster")
     num_actors: int = field(2, doc="client actors (each hosts many virtual clients)", lo=1,
@@ -92,6 +94,13 @@ class RuntimeConfig:
                                      lo_open=True, hi=3600.0)
 
     def check(self, prefix: str) -> None:
+        if not registry.is_builtin("executor", self.executor):  # a user's: it must import
+            executor = registry.resolve("executor", self.executor)
+            if not callable(getattr(executor, "build", None)) or \
+                    not isinstance(getattr(executor, "on_ray", None), bool):
+                raise ConfigError(f"{prefix}.executor", self.executor,
+                                  "an executor: a class with on_ray (True or False) and a "
+                                  "classmethod build(hosting)")
         if self.address is not None and not ADDRESS_PATTERN.fullmatch(self.address):
             raise ConfigError(f"{prefix}.address", self.address,
                               "null, 'auto', 'ray://HOST[:PORT]' or HOST:PORT")

@@ -1,24 +1,53 @@
 """Executors: where the round loop's groups of clients train.
 
+An executor is a component (``runtime.executor``, registry kind ``executor``): a class with
+``on_ray`` (whether the run starts Ray, client actors and a server actor for it), optionally
+``copies_parts`` (whether its workers get the run's parts pickled, so the pre-flight checks the
+user's components pickle), and ``build(hosting)``, which makes it in the server from a
+:class:`Hosting`; the instance answers the calls of :class:`~rayfl.runtime.loop.Executor`.
 :class:`RayExecutor` hands groups to client actors as they free up (largest first, the
-broadcast put in the object store once); :class:`InProcessExecutor` trains them
-in this process with the same :class:`~rayfl.runtime.client_actor.ClientWorker` code, for
-debugging and notebooks without Ray. Both return the same partial sums, so a config gives the
-same model bytes on either.
+broadcast put in the object store once); :class:`InProcessExecutor` trains them in this
+process with the same ``rayfl.runtime.client_actor.ClientWorker`` code, for debugging and
+notebooks without Ray; :class:`rayfl.runtime.threads.ThreadExecutor` trains them on threads of
+this process. All return the same partial sums, so a config gives the same model bytes on each.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
+from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 
 
-def _numpy(bc):
+@dataclass(frozen=True)
+class Hosting:
+    """What an executor is built from in the server: the client workers' parts as the driver
+    built them, the partition store's handle, where client state lives, the ``runtime``
+    section, the clients' sizes, and (``on_ray`` executors) the client actors the driver
+    started, with how long they took to start."""
+
+    parts: WorkerParts
+    handle: Any
+    state_root: str
+    runtime: Any  # rayfl.runtime.config.RuntimeConfig
+    sizes: np.ndarray
+    actor_names: list[str] | None = None
+    startup_s: float = 0.0
+
+    def worker(self, share: int = 1) -> ClientWorker:
+        """A client worker in this process with 1/``share`` of the state memory budget."""
+        return ClientWorker(self.parts, self.handle, self.state_root,
+                            self.runtime.state_memory_mb * 2**20 / share)
+
+
+def numpy_tree(bc):
     """The broadcast tree with numpy arrays (what crosses the object store)."""
     return tree_map(lambda v: v.detach().cpu().numpy(), bc)
 
@@ -56,6 +85,15 @@ class RayExecutor:
         self.startup_s = startup_s
         self.restarts = 0  # actors killed for hanging, over the run
 
+    on_ray: ClassVar[bool] = True
+    copies_parts: ClassVar[bool] = True  # each actor gets the parts pickled
+
+    @classmethod
+    def build(cls, hosting: Hosting) -> "RayExecutor":
+        rt = hosting.runtime
+        return cls(hosting.actor_names, hosting.sizes, rt.actor_timeout_s,
+                   rt.max_actor_restarts, hosting.startup_s)
+
     def _wait(self, refs: list, owners: list) -> list[dict]:
         """Results of ``refs`` in order, killing (so restarting) owners that exceed the
         deadline."""
@@ -84,7 +122,7 @@ class RayExecutor:
 
         loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
         queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
-        bc_ref, clients_ref = ray.put(_numpy(bc)), ray.put(round_clients)
+        bc_ref, clients_ref = ray.put(numpy_tree(bc)), ray.put(round_clients)
         running: dict = {}  # call -> (actor index, group, deadline or None)
         done: list[list[dict]] = [[] for _ in self.actors]
         failed: dict = {}  # group -> its error
@@ -200,13 +238,21 @@ class RayExecutor:
 
 
 class InProcessExecutor:
-    """Every group in this process, through one :class:`ClientWorker`."""
+    """Every group in this process, one after another, through one client worker (no Ray:
+    debugging, notebooks)."""
 
-    def __init__(self, worker):
+    on_ray: ClassVar[bool] = False
+    copies_parts: ClassVar[bool] = False
+
+    def __init__(self, worker: ClientWorker):
         self.worker = worker
 
+    @classmethod
+    def build(cls, hosting: Hosting) -> "InProcessExecutor":
+        return cls(hosting.worker())
+
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
-        return [self.worker.train(t, _numpy(bc), lr, groups, keep_dir, round_clients)]
+        return [self.worker.train(t, numpy_tree(bc), lr, groups, keep_dir, round_clients)]
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
         return self.worker.setup_summaries(client_ids)

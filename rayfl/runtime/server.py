@@ -1,8 +1,8 @@
 """The server: samples, runs the round loop on an executor, evaluates and checkpoints.
 
-The run loop lives here, not in the user's process: with the Ray executor the user's process
-starts this class as an actor and polls :meth:`Server.progress`; with the in-process executor it
-runs in the user's process. Per round the server asks the availability model for a plan and
+The run loop lives here, not in the user's process: with an executor ``on_ray`` (Ray's) the
+user's process starts this class as an actor and polls :meth:`Server.progress`; with the others
+(in-process, threads) it runs in the user's process. Per round the server asks the availability model for a plan and
 hands the dispatched clients to :class:`~rayfl.runtime.loop.RoundLoop`, which is the round.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import algorithms, privacy
+from rayfl import algorithms, privacy, registry
 from rayfl.availability import run_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
@@ -28,8 +28,8 @@ from rayfl.privacy import audit
 from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
-from rayfl.runtime.client_actor import ClientWorker, WorkerParts, model_for, peak_rss_mb
-from rayfl.runtime.executors import InProcessExecutor, RayExecutor
+from rayfl.runtime.client_actor import WorkerParts, model_for, peak_rss_mb
+from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.messages import Messages
 
@@ -38,10 +38,12 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actor_startup_s: float = 0.0, stack=None):
-        """``actor_names``: the client actors to train on (None: train in this process);
+                 resume: bool = False, actor_startup_s: float = 0.0, stack=None,
+                 executor=None):
+        """``actor_names``: the client actors an ``on_ray`` executor trains on;
         ``actor_startup_s``: how long they took to start (a restarted one gets it again);
-        ``stack``: the run's stack as the driver built it (None: built here)."""
+        ``stack``: the run's stack as the driver built it (None: built here); ``executor``: the
+        executor class as the driver resolved it (None: ``runtime.executor``'s)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
@@ -62,14 +64,10 @@ class Server:
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
-        if actor_names is None:
-            worker = ClientWorker(WorkerParts.of(cfg, handle.num_clients, self.stack), handle,
-                                  self.state_root,
-                                  cfg.runtime.state_memory_mb * 2**20)
-            executor = InProcessExecutor(worker)
-        else:
-            executor = RayExecutor(actor_names, self.sizes, cfg.runtime.actor_timeout_s,
-                                   cfg.runtime.max_actor_restarts, actor_startup_s)
+        kind = executor or registry.resolve("executor", cfg.runtime.executor)
+        executor = kind.build(Hosting(WorkerParts.of(cfg, handle.num_clients, self.stack),
+                                      handle, self.state_root, cfg.runtime, self.sizes,
+                                      actor_names, actor_startup_s))
         self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
                               Messages(self.state_root))
         self.asynchronous = async_loop.for_server(cfg, self.loop, self.sampler)

@@ -1,0 +1,156 @@
+"""Executors are registered components: the thread pool gives every other executor's bytes, a
+user's executor is a class and a registry line, a bad name is one line."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pyarrow.parquet as pq
+import pytest
+
+import rayfl
+from rayfl import registry
+from rayfl.algorithms.fedavg import FedAvg
+from rayfl.cli import main
+from rayfl.contract import ComponentError
+from rayfl.runtime.executors import InProcessExecutor
+from tests.conftest import ROOT, TINY
+
+CASES = {
+    "scaffold": ["algorithm.name=scaffold"],  # client state, read back by whichever thread
+    "topk_ef": ["compression.method=topk", "compression.fraction=0.25",
+                "compression.error_feedback=true"],
+    "fedmsi_setup": ["algorithm.name=fedmsi"],  # client_setup summaries, split over threads
+    "power_of_choice": ["selection.name=power_of_choice", "selection.candidates=12"],
+    "ditto_client_eval": ["algorithm.name=ditto", "data.client_holdout=0.25",
+                          "eval.clients=6"],
+}
+
+
+def _run(tiny, executor: str, extra: list[str], name: str):
+    return rayfl.run(TINY, tiny + ["rounds=3", f"runtime.executor={executor}", f"name={name}",
+                                   *extra], quiet=True)
+
+
+def _client_eval(result):
+    path = os.path.join(result.run_dir, "client_eval.parquet")
+    return pq.read_table(path).to_pylist() if os.path.exists(path) else None
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_threads_give_the_in_process_bytes(tiny, case):
+    base = _run(tiny, "inprocess", CASES[case], "base")
+    for threads in (2, 3):  # an even and an uneven split of the groups
+        got = _run(tiny, "threads", [*CASES[case], f"runtime.num_actors={threads}"],
+                   f"threads{threads}")
+        assert got.summary["model_sha256"] == base.summary["model_sha256"]
+        assert _client_eval(got) == _client_eval(base)
+        rows = got.metrics.to_pylist()  # one report per thread that trained, as per actor
+        assert all(1 <= len(r["actor_train_s"]) <= threads for r in rows)
+        assert all(sum(r["actor_samples"]) == r["samples"] for r in rows)
+
+
+def test_threads_give_the_ray_actors_bytes(tiny, ray_local):
+    extra = ["algorithm.name=scaffold", "runtime.num_actors=2"]
+    assert _run(tiny, "threads", extra, "threads").summary["model_sha256"] == \
+        _run(tiny, "ray", extra, "ray").summary["model_sha256"]
+
+
+class FailsOnEvenClients(FedAvg):
+    """Raises on every even client: several groups fail at once."""
+
+    def client_train(self, task, ctx):
+        if task.client_id % 2 == 0:
+            raise ValueError(f"client {task.client_id} refuses")
+        return super().client_train(task, ctx)
+
+
+def test_threads_raise_the_error_the_in_process_executor_raises(tiny):
+    registry.register_algorithm(FailsOnEvenClients, name="fails_on_even")
+    try:
+        errors = []
+        for executor in ("inprocess", "threads"):
+            with pytest.raises(ComponentError) as e:
+                _run(tiny, executor, ["algorithm.name=fails_on_even", "clients_per_round=10",
+                                      "runtime.num_actors=3"], executor)
+            errors.append(str(e.value))
+    finally:
+        registry.unregister("algorithm", "fails_on_even")
+    assert errors[0] == errors[1] and "refuses" in errors[0]
+
+
+def _page_executor():
+    """The executor of docs/concepts/executors.md, as written there (it registers itself)."""
+    with open(os.path.join(ROOT, "docs", "concepts", "executors.md")) as f:
+        (block,) = [b for b in re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
+                    if "class GroupsBackwards" in b]
+    scope: dict = {}
+    exec(block, scope)
+    return scope["GroupsBackwards"]
+
+
+def test_the_pages_executor_gives_the_in_process_bytes(tiny, monkeypatch):
+    try:
+        page = _page_executor()
+        assert registry.resolve("executor", "backwards") is page
+        order, run = [], page.run
+        monkeypatch.setattr(page, "run", lambda self, t, bc, lr, groups, *rest: order.append(
+            [g for g, _ in groups]) or run(self, t, bc, lr, groups, *rest))
+        got = _run(tiny, "backwards", CASES["scaffold"], "mine")
+    finally:
+        registry.unregister("executor", "backwards")
+    assert len(order) == 3 and all(len(o) > 1 for o in order)
+    assert [len(r["actor_train_s"]) for r in got.metrics.to_pylist()] == \
+        [len(o) for o in order]  # one report per group: it ran them one call each
+    assert got.summary["model_sha256"] == \
+        _run(tiny, "inprocess", CASES["scaffold"], "base").summary["model_sha256"]
+
+
+class OneAtATime(InProcessExecutor):
+    """A user's executor named by reference: each group in a call of its own."""
+
+    def run(self, t, bc, lr, groups, keep_dir, round_clients):
+        one_each = super().run
+        return [r for g in groups for r in one_each(t, bc, lr, [g], keep_dir, round_clients)]
+
+
+def test_an_executor_named_by_reference(tiny):
+    got = _run(tiny, "tests.test_executors:OneAtATime", [], "mine")
+    assert all(len(r["actor_train_s"]) > 1 for r in got.metrics.to_pylist())
+    assert got.summary["model_sha256"] == _run(tiny, "inprocess", [], "base").summary[
+        "model_sha256"]
+
+
+class NotAnExecutor:
+    """Has neither on_ray nor build."""
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("thread", "expected one of inprocess, ray, threads, or a package.module:Name reference"),
+    ("tests.test_executors:NotAnExecutor", "expected an executor: a class with on_ray (True or "
+                                           "False) and a classmethod build(hosting)"),
+])
+def test_a_bad_executor_is_one_line_and_nothing_is_made(tmp_path, capsys, value, expected,
+                                                       no_ray):
+    code = main(["run", TINY, f"output_dir={tmp_path / 'runs'}",
+                 f"data.cache_dir={tmp_path / 'cache'}", f"runtime.executor={value}"])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2
+    assert err == [f"rayfl: error: config key 'runtime.executor' = '{value}': {expected}"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_every_builtin_executor_answers_every_call_the_runtime_makes():
+    import inspect
+
+    from rayfl.runtime.loop import Executor
+
+    calls = [n for n, v in vars(Executor).items() if callable(v) and not n.startswith("_")]
+    assert sorted(calls) == ["client_losses", "client_scores", "run", "summaries"]
+    for name in registry.names("executor"):
+        kind = registry.resolve("executor", name)
+        assert isinstance(kind.on_ray, bool) and inspect.ismethod(kind.build), name
+        for call in calls:
+            assert list(inspect.signature(getattr(kind, call)).parameters) == \
+                list(inspect.signature(getattr(Executor, call)).parameters), (name, call)
