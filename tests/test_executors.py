@@ -25,6 +25,8 @@ CASES = {
     "power_of_choice": ["selection.name=power_of_choice", "selection.candidates=12"],
     "ditto_client_eval": ["algorithm.name=ditto", "data.client_holdout=0.25",
                           "eval.clients=6"],
+    "fedbuff": ["aggregation.mode=fedbuff", "aggregation.concurrency=8",  # waves, stale sums
+                "aggregation.buffer_size=3", "availability.dropout=0.2"],
 }
 
 
@@ -46,6 +48,8 @@ def test_threads_give_the_in_process_bytes(tiny, case):
                    f"threads{threads}")
         assert got.summary["model_sha256"] == base.summary["model_sha256"]
         assert _client_eval(got) == _client_eval(base)
+        if case == "fedbuff":  # a row reports the waves trained since, not the buffer's
+            continue
         rows = got.metrics.to_pylist()  # one report per thread that trained, as per actor
         assert all(1 <= len(r["actor_train_s"]) <= threads for r in rows)
         assert all(sum(r["actor_samples"]) == r["samples"] for r in rows)
@@ -154,3 +158,29 @@ def test_every_builtin_executor_answers_every_call_the_runtime_makes():
         for call in calls:
             assert list(inspect.signature(getattr(kind, call)).parameters) == \
                 list(inspect.signature(getattr(Executor, call)).parameters), (name, call)
+
+
+class LosesAGroup(InProcessExecutor):
+    """Trains every group but the first: the round would be wrong without a word."""
+
+    def run(self, t, bc, lr, groups, keep_dir, round_clients):
+        return super().run(t, bc, lr, groups[1:], keep_dir, round_clients)
+
+
+class ReportsNothing(InProcessExecutor):
+    """Returns something that is not a list of reports."""
+
+    def run(self, t, bc, lr, groups, keep_dir, round_clients):
+        return {"sums": []}
+
+
+@pytest.mark.parametrize("executor, problem", [
+    ("LosesAGroup", r"returned the sums of groups \[1, 2, 3, 4\]; expected each group it was "
+                    r"sent \(\[0, 1, 2, 3, 4\]\) once"),
+    ("ReportsNothing", r"returned a dict; expected a list of reports, dicts with the keys sums, "
+                       r"written, seconds, peak_rss_mb, private_mb"),
+])
+def test_an_executor_that_breaks_its_contract_is_named(tiny, executor, problem):
+    with pytest.raises(ComponentError, match=rf"^tests\.test_executors:{executor}\.run "
+                                             rf"\(round 1\): {problem}$"):
+        _run(tiny, f"tests.test_executors:{executor}", [], "broken")

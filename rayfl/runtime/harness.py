@@ -8,6 +8,7 @@ against a hand computation.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -20,6 +21,7 @@ from rayfl.layers import ClientState, Layer, ServerState, Stack
 from rayfl.runtime.client_state import decode, encode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.local import GradFn, LocalSpec
+from rayfl.runtime.memory import peak_rss_mb, private_mb
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.training import MemoryStore, train_groups
 
@@ -51,9 +53,11 @@ class FunctionExecutor:
 
     def run(self, t, bc, lr, groups, keep_dir=None, round_clients=None) -> list[dict]:
         source = (lambda c: ClientData(self.clients[c].n, self.clients[c].grad_fn))
+        tick = time.perf_counter()
         sums, written = train_groups(self.stack, groups, bc, lr, t, self.seed, source,
                                      self.store, self.spec, messages=self.messages)
-        return [{"sums": sums, "written": written}]
+        return [{"sums": sums, "written": written, "seconds": time.perf_counter() - tick,
+                 "peak_rss_mb": peak_rss_mb(), "private_mb": private_mb()}]
 
 
 def simulate(algorithm: Algorithm, x0: Vec, clients: Sequence[Client], spec: LocalSpec,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import Aggregate
-from rayfl.contract import calling, name_of
+from rayfl.contract import calling, describe, expect, name_of
 from rayfl.layers import Broadcast, ServerState, Stack, tensors
 from rayfl.runtime.aggregate import PartialSum, drift_metrics
 from rayfl.runtime.messages import Messages
@@ -51,6 +51,25 @@ def merge(sums: Iterable[PartialSum]) -> PartialSum:
     return total
 
 
+#: what the round reads of each report an executor's ``run`` returns
+REPORT_KEYS = ("sums", "written", "seconds", "peak_rss_mb", "private_mb")
+
+
+def check_reports(executor, reports, groups: list, t: int) -> None:
+    """An executor's ``run`` returned a list of reports holding what the round reads, with the
+    sum of every group it was sent exactly once (a group lost or counted twice would change
+    the model silently): a ComponentError naming the executor otherwise."""
+    where = name_of(type(executor), "run")
+    expect(isinstance(reports, list) and all(isinstance(r, dict) and set(REPORT_KEYS) <= set(r)
+                                             for r in reports), where,
+           f"returned {describe(reports)}; expected a list of reports, dicts with the keys "
+           f"{', '.join(REPORT_KEYS)}", t)
+    sent = sorted(g for g, _ in groups)
+    got = sorted(g for r in reports for g, _ in r["sums"])
+    expect(got == sent, where, f"returned the sums of groups {got}; expected each group it "
+                               f"was sent ({sent}) once", t)
+
+
 def actor_metrics(reports: list[dict]) -> dict:
     """Per-call load of a round (one report per busy actor): training seconds and samples of
     each, the slowest, the imbalance max/mean of the seconds, and the actors' memory."""
@@ -70,8 +89,10 @@ class Executor(Protocol):
 
     def run(self, t: int, bc: Broadcast, lr: float, groups: list[tuple[int, list]],
             keep_dir: str | None, round_clients: np.ndarray) -> list[dict]:
-        """Train the groups: one dict per worker call, each holding ``"sums"``
-        [(group, PartialSum)] and ``"written"`` (clients whose state it saved)."""
+        """Train the groups: a list of reports (one per worker or call), each a dict holding
+        ``"sums"`` [(group, PartialSum)], ``"written"`` (clients whose state it saved),
+        ``"seconds"`` (its training time), ``"peak_rss_mb"`` and ``"private_mb"`` (its
+        memory); together the sums of every group once."""
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
         """The algorithm's one-off per-client summaries (``client_setup``) of ``client_ids``."""
@@ -160,6 +181,7 @@ class RoundLoop:
         tick = time.perf_counter()
         reports = self.executor.run(t, bc, lr, groups, keep_dir, round_clients)
         seconds = time.perf_counter() - tick
+        check_reports(self.executor, reports, groups, t)
         for r in reports:
             for c in r["written"]:
                 if self.versions[c] >= 0:

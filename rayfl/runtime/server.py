@@ -28,9 +28,10 @@ from rayfl.privacy import audit
 from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
-from rayfl.runtime.client_actor import WorkerParts, model_for, peak_rss_mb
+from rayfl.runtime.client_actor import WorkerParts, model_for
 from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
+from rayfl.runtime.memory import peak_rss_mb
 from rayfl.runtime.messages import Messages
 
 
