@@ -89,7 +89,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     rundir.check_new(run_dir)
     storage.check_new_run(cfg, run_dir)
     parts = preflight(cfg)
-    handle, stack = parts
+    handle, stack = parts.handle, parts.stack
     source_stack = algorithms.build(source, handle.num_clients)
     state = checkpoint.server_state(source_stack, ck, checkpoint.path_of(src_location))
     try:

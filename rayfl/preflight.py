@@ -10,6 +10,8 @@ in this process, on the run's real data and population:
 - a user's algorithm, server wrapper, server optimiser, model or dataset trains one client —
   the smallest that has rows — through the path a run trains clients in process (the server
   state it starts from built as a run builds it);
+- a user's executor (one that runs in this process) is built once, and must answer every call
+  of the runtime;
 - under an executor that copies the run's parts (Ray sends them to its workers, the thread
   executor gives each thread its own), each of the user's components, and the layers built
   from them, must pickle.
@@ -43,6 +45,7 @@ import torch
 from rayfl import registry
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
+from rayfl.runtime import executor_kind
 from rayfl.schema import ConfigError
 
 
@@ -65,10 +68,12 @@ def run(cfg, handle, stack, executor) -> None:
     user = user_components(cfg)
     if getattr(executor, "copies_parts", False):
         _sendable(cfg, stack)
+    if not executor_kind.is_builtin(executor) and not executor.on_ray:
+        _build_executor(cfg, handle, executor)
     if not (user["sampling"] or user["training"]):
         return
     place: dict = {"round": 0}  # where the user's code runs, for an error that names it
-    with _untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp, \
+    with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp, \
             _named_by_frames(place):
         worker = _worker(cfg, handle, tmp)
         if user["sampling"]:
@@ -77,6 +82,17 @@ def run(cfg, handle, stack, executor) -> None:
             place["client"] = _smallest_client(handle.sizes())
             if place["client"] is not None:
                 _train_one_client(cfg, handle, worker, place["client"])
+
+
+def _build_executor(cfg, handle, executor) -> None:
+    """A user's executor built once on a stack of its own, its client state in a scratch
+    directory: ``build`` must return an object answering every call of the runtime."""
+    from rayfl.runtime.client_actor import WorkerParts
+    from rayfl.runtime.executors import Hosting
+
+    with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp:
+        executor_kind.built(executor, Hosting(WorkerParts.of(cfg, handle.num_clients), handle,
+                                              tmp, cfg.runtime, handle.sizes()))
 
 
 def _worker(cfg, handle, state_root: str):
@@ -196,7 +212,7 @@ def _named_by_frames(place: dict) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _untouched_globals() -> Iterator[None]:
+def untouched_globals() -> Iterator[None]:
     """Restore Python's, NumPy's and torch's global generators and torch's threads on exit."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     threads = torch.get_num_threads()

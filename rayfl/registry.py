@@ -214,9 +214,11 @@ def register(kind: str, obj: Any = None, *, name: str | None = None) -> Any:
     _check_kind(kind)
     if obj is None:
         return lambda o: register(kind, o, name=name)
-    name = name or getattr(obj, "name", None) or getattr(obj, "__name__", None)
+    if name is None:
+        name = getattr(obj, "name", None) or getattr(obj, "__name__", None)
     if not isinstance(name, str) or not name or ":" in name:
-        raise ValueError(f"register a {kind} with a name (without ':'), got {name!r}")
+        raise ValueError(f"register {_article(kind)} {kind} with a name (without ':'), got "
+                         f"{name!r}")
     if name in BUILTINS[kind]:
         raise ValueError(f"{name!r} is a built-in {kind}; register yours under another name")
     problem = _declared(kind, obj)
@@ -226,9 +228,13 @@ def register(kind: str, obj: Any = None, *, name: str | None = None) -> Any:
     return obj
 
 
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
 def _declared(kind: str, obj: Any) -> str | None:
-    """What is wrong with what an algorithm or a wrapper class declares of itself (its
-    traits, how it is built), or None; other kinds and objects of another base are checked
+    """What is wrong with what an algorithm, a wrapper or an executor class declares of itself
+    (its traits, how it is built), or None; other kinds and objects of another base are checked
     where a config names them."""
     from rayfl.algorithms.base import Algorithm
     from rayfl.algorithms.base import declaration_problem as algorithm_problem
@@ -239,6 +245,10 @@ def _declared(kind: str, obj: Any) -> str | None:
         return algorithm_problem(obj)
     if kind == "wrapper" and isinstance(obj, type) and issubclass(obj, Layer):
         return layer_problem(obj)
+    if kind == "executor":
+        from rayfl.runtime.executor_kind import declaration_problem as executor_problem
+
+        return executor_problem(obj)
     return None
 
 

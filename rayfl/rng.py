@@ -9,9 +9,12 @@ one. Adding a stream means adding its tag here.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 # ----- clients' local training and evaluation -------------------------------------------------
 BATCHES = 1  # a client's minibatch order in a round (key: seed, round, client, BATCHES)
+TORCH_GLOBAL = 0x7047  # torch's own generator while a client trains (a model's dropout)
+FINETUNE_TORCH = 0x7048  # torch's own generator while a client fine-tunes in the evaluation
 EVAL_SAMPLE = 0xC11E  # which clients the per-client evaluation scores
 FINETUNE = 0xF17E  # a client's fine-tuning minibatches in the per-client evaluation
 # ----- aggregation transforms --------------------------------------------------------------------
@@ -66,3 +69,28 @@ def client_stream(seed: int, t: int, client: int, purpose: int = BATCHES) -> np.
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(
             np.array(key, dtype=np.uint32))))
     return np.random.default_rng(list(key))
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(z: int) -> int:
+    """SplitMix64's finaliser: 64 well-mixed bits of ``z``."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK
+    return z ^ (z >> 31)
+
+
+def seed_torch(seed: int, t: int, client: int, device, purpose: int = TORCH_GLOBAL) -> None:
+    """Seed torch's generator of ``device`` (the CPU's, or the current CUDA device's) for one
+    (seed, round, client, purpose): what a model draws from it while the client trains
+    (dropout) is then the same on any actor, in any order. A few arithmetic operations, not a
+    SeedSequence: it runs once per client per round."""
+    z = 0
+    for k in (seed, t, client, purpose):
+        z = _mix((z + (int(k) & _MASK) + 0x9E3779B97F4A7C15) & _MASK)
+    z &= (1 << 63) - 1
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.manual_seed(z)
+    else:
+        torch.default_generator.manual_seed(z)

@@ -29,7 +29,7 @@ from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
-from rayfl.models import check_fits, check_single_rows
+from rayfl.models import check_fits, check_single_rows, draws_randomness
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.storage import StorageError
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
@@ -200,8 +200,8 @@ def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, 
             print(progress_line(info, eta), flush=True)
         return bool(on_round is not None and on_round(info))
 
-    try:
-        with own_exits():
+    try:  # the caller's generators and torch threads as they were (a notebook's)
+        with own_exits(), user_preflight.untouched_globals():
             return Server(cfg, handle, run_dir, None, resume, stack=stack,
                           executor=executor).run(max_rounds, show)
     except StorageError as e:
@@ -286,7 +286,9 @@ def preflight(cfg: Config) -> Parts:
     the run's :class:`Parts`."""
     from rayfl.availability import check_files
 
-    with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
+    # the user's sys.exit or KeyboardInterrupt: their error; the caller's generators and torch
+    # threads as they were
+    with own_exits(), user_preflight.untouched_globals():
         handle = prepare(cfg.data, cfg.seed)
         model = check_fits(cfg.model, handle)
         compat.check_model(cfg, model)
@@ -297,6 +299,13 @@ def preflight(cfg: Config) -> Parts:
         check_files(cfg.availability, handle.num_clients)
         stack = algorithms.build(cfg, handle.num_clients)  # the layers and server optimiser build
         executor = executor_of(cfg)
+        if getattr(executor, "shares_torch_generator", False) and \
+                draws_randomness(cfg.model, model, handle):
+            raise ConfigError("runtime.executor", cfg.runtime.executor,
+                              f"ray or inprocess for model.name={cfg.model.name}, whose "
+                              "training forward draws from torch's generator (dropout, say): "
+                              "this executor's workers share that generator, so what each "
+                              "client drew would depend on their timing")
         user_preflight.run(cfg, handle, stack, executor)  # the user's components once
     return Parts(handle, stack, executor)
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import rayfl
 from rayfl import registry
@@ -85,12 +87,13 @@ def test_threads_raise_the_error_the_in_process_executor_raises(tiny):
 
 
 def _page_executor():
-    """The executor of docs/concepts/executors.md, as written there (it registers itself)."""
+    """The executor of docs/concepts/executors.md, as written there (it registers itself; the
+    page's run of it is the README test's)."""
     with open(os.path.join(ROOT, "docs", "concepts", "executors.md")) as f:
         (block,) = [b for b in re.findall(r"```python\n(.*?)```", f.read(), flags=re.S)
                     if "class GroupsBackwards" in b]
     scope: dict = {}
-    exec(block, scope)
+    exec(block.split("\nresult = ")[0], scope)
     return scope["GroupsBackwards"]
 
 
@@ -184,3 +187,147 @@ def test_an_executor_that_breaks_its_contract_is_named(tiny, executor, problem):
     with pytest.raises(ComponentError, match=rf"^tests\.test_executors:{executor}\.run "
                                              rf"\(round 1\): {problem}$"):
         _run(tiny, f"tests.test_executors:{executor}", [], "broken")
+
+
+class BuildRaises(InProcessExecutor):
+    @classmethod
+    def build(cls, hosting):
+        raise ValueError("no workers today")
+
+
+class BuildsNothing(InProcessExecutor):
+    @classmethod
+    def build(cls, hosting):
+        return None
+
+
+class BuildOnAnInstance(InProcessExecutor):
+    def build(self, hosting):  # not a classmethod
+        return self
+
+
+class RunRaises(InProcessExecutor):
+    def run(self, t, bc, lr, groups, keep_dir, round_clients):
+        raise RuntimeError("lost the groups")
+
+
+class SumsOfNothing(InProcessExecutor):
+    def run(self, t, bc, lr, groups, keep_dir, round_clients):
+        return [{**r, "sums": None} for r in super().run(t, bc, lr, groups, keep_dir,
+                                                        round_clients)]
+
+
+class LossesOfOthers(InProcessExecutor):
+    def client_losses(self, point, client_ids, batch_size, buffers=None):
+        return np.zeros(len(client_ids) + 3)
+
+
+def _cli(tmp_path, capsys, *overrides):
+    code = main(["run", TINY, f"output_dir={tmp_path / 'runs'}",
+                 f"data.cache_dir={tmp_path / 'cache'}", "rounds=2", *overrides])
+    return code, capsys.readouterr().err.splitlines()
+
+
+REF = "tests.test_executors:"
+
+
+@pytest.mark.parametrize("executor, line", [
+    ("BuildRaises", f"{REF}BuildRaises.build: raised ValueError: no workers today"),
+    ("BuildsNothing", f"{REF}BuildsNothing.build: returned None; expected an executor answering "
+                      "run, summaries, client_scores, client_losses (it lacks run, summaries, "
+                      "client_scores, client_losses)"),
+    ("BuildOnAnInstance", f"config key 'runtime.executor' = '{REF}BuildOnAnInstance': expected "
+                          "an executor: a class with on_ray (True or False) and a classmethod "
+                          "build(hosting)"),
+])
+def test_an_executor_that_cannot_be_built_is_refused_before_anything_is_made(
+        tmp_path, capsys, executor, line):
+    code, err = _cli(tmp_path, capsys, f"runtime.executor={REF}{executor}")
+    assert code == 2 and err[0] == f"rayfl: error: {line}", err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("executor, extra, line", [
+    ("RunRaises", [], "RunRaises.run (round 1): raised RuntimeError: lost the groups"),
+    ("SumsOfNothing", [], "SumsOfNothing.run (round 1): returned a report (#0) whose 'sums' is "
+                          "None; expected a list of (group, PartialSum) pairs"),
+    ("LossesOfOthers", ["selection.name=power_of_choice", "selection.candidates=12"],
+     "LossesOfOthers.client_losses (round 1): returned a float64 array of shape (15,); expected a "
+     "numeric array of shape (12,) for its 12 clients"),
+])
+def test_an_executor_that_answers_out_of_shape_is_named(tmp_path, capsys, executor, extra,
+                                                        line):
+    code, err = _cli(tmp_path, capsys, f"runtime.executor={REF}{executor}", *extra)
+    assert code == 2 and err[0] == f"rayfl: error: {REF}{line}", err
+
+
+def test_registering_something_that_is_not_an_executor_is_refused():
+    with pytest.raises(ValueError, match=r"cannot be registered as 'executor': expected an "
+                                         r"executor class \(got an int\)"):
+        rayfl.register_executor(3, name="three")
+    with pytest.raises(ValueError, match=r"register an executor with a name"):
+        rayfl.register_executor(OneAtATime, name="")
+    assert "three" not in registry.names("executor")
+
+
+@pytest.mark.parametrize("executor", ["inprocess", "threads"])
+def test_a_run_in_this_process_leaves_its_torch_threads_and_generators_as_they_were(
+        tiny, executor):
+    import torch
+
+    torch.set_num_threads(2)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    _run(tiny, executor, ["runtime.cpus_per_actor=1"], executor)
+    assert torch.get_num_threads() == 2 and torch.equal(torch.get_rng_state(), before)
+
+
+class DropNet(torch.nn.Module):
+    """A user's model with dropout: its training forward draws from torch's generator."""
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(input_shape[0], 32),
+                                       torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                       torch.nn.Linear(32, num_classes))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+DROPOUT = ["model.name=tests.test_executors:DropNet", "clients_per_round=10",
+           "runtime.cpus_per_actor=0.5"]
+
+
+def test_a_models_dropout_gives_the_same_bytes_on_any_number_of_actors(tiny, ray_local):
+    hashes = {_run(tiny, "ray", [*DROPOUT, f"runtime.num_actors={n}"], f"ray{n}")
+              .summary["model_sha256"] for n in (2, 3)}
+    hashes.add(_run(tiny, "inprocess", DROPOUT, "here").summary["model_sha256"])
+    assert len(hashes) == 1
+    other = _run(tiny, "inprocess", [*DROPOUT, "seed=1"], "seed1").summary["model_sha256"]
+    assert other not in hashes  # the draws follow the run's seed
+
+
+def test_threads_refuse_a_model_that_draws_from_torchs_generator(tmp_path, capsys, no_ray):
+    code, err = _cli(tmp_path, capsys, "runtime.executor=threads", *DROPOUT)
+    assert code == 2 and err == [
+        "rayfl: error: config key 'runtime.executor' = 'threads': expected ray or inprocess for "
+        "model.name=tests.test_executors:DropNet, whose training forward draws from torch's "
+        "generator (dropout, say): this executor's workers share that generator, so what each "
+        "client drew would depend on their timing"]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("logreg", (20,)), ("mlp", (20,)), ("fmnist_cnn", (1, 28, 28)), ("lenet5", (1, 28, 28)),
+    ("cifar_cnn", (3, 32, 32)), ("adabest_cnn", (3, 32, 32)), ("resnet18_gn", (3, 32, 32))])
+def test_a_builtin_models_training_forward_draws_nothing(name, shape):
+    from rayfl.models import build_model
+
+    model = build_model(name, shape, 10).train()
+    x = torch.randn(4, *shape, generator=torch.Generator().manual_seed(0))
+    outs = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        outs.append(model(x))
+    assert torch.equal(*outs)

@@ -132,7 +132,6 @@ def check_fits(model_cfg, handle):
     any), to one finite score per class (per position, for next-token labels) — a ConfigError naming
     ``model.name`` when its shapes do not fit the data, a ComponentError naming the user's
     model when it breaks its contract (a tuple, non-finite scores); returns the model."""
-    import numpy as np
     import torch
 
     model = build_for(model_cfg, handle)
@@ -142,15 +141,44 @@ def check_fits(model_cfg, handle):
                                                             dtype=dtype), "a batch of 2")
     if registry.is_builtin("model", model_cfg.name):
         return model  # a built-in reads no data here: the driver may not hold the partition
-    nonempty = np.flatnonzero(handle.sizes())
-    if len(nonempty):
-        reader, client = handle.open(), int(nonempty[0])
-        x, y = reader.client(client)
-        batch, _ = reader.tensors(x[:REAL_ROWS], y[:REAL_ROWS], "cpu")
-        what = f"a real batch ({len(batch)} rows of client {client})"
-        _check_scores(model_cfg, model, handle, batch, what)
-        _check_gradient(model_cfg, model, batch, what)
+    real = _real_batch(handle)
+    if real is not None:
+        _check_scores(model_cfg, model, handle, *real)
+        _check_gradient(model_cfg, model, *real)
     return model
+
+
+def _real_batch(handle):
+    """The first rows of the first client that has any, on the CPU, and what they are; None
+    when no client has rows."""
+    import numpy as np
+
+    nonempty = np.flatnonzero(handle.sizes())
+    if not len(nonempty):
+        return None
+    reader, client = handle.open(), int(nonempty[0])
+    x, y = reader.client(client)
+    batch, _ = reader.tensors(x[:REAL_ROWS], y[:REAL_ROWS], "cpu")
+    return batch, f"a real batch ({len(batch)} rows of client {client})"
+
+
+def draws_randomness(model_cfg, model, handle) -> bool:
+    """Whether the model's training forward draws from torch's generator (dropout, say): two
+    forwards of a real batch under different seeds differ. Built-in models draw nothing."""
+    import copy
+
+    import torch
+
+    if registry.is_builtin("model", model_cfg.name) or (real := _real_batch(handle)) is None:
+        return False
+    probe = copy.deepcopy(model).train()  # its BatchNorm statistics move: a copy's
+    outs = []
+    with torch.no_grad(), calling(_forward_name(model, registry.resolve("model",
+                                                                        model_cfg.name))):
+        for seed in (1, 2):
+            torch.manual_seed(seed)
+            outs.append(probe(real[0]))
+    return not torch.equal(outs[0], outs[1])
 
 
 def _check_gradient(model_cfg, model, batch, what: str) -> None:

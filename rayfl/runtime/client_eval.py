@@ -69,6 +69,7 @@ def score_clients(model, reader, loss_fn, device, point: torch.Tensor, client_id
                 return model.loss_and_grad(p, x[idx_t], y[idx_t], loss_fn)
 
             batches = rng.client_stream(seed, t, int(client), rng.FINETUNE)
+            rng.seed_torch(seed, t, int(client), x.device, rng.FINETUNE_TORCH)
             tuned, _, _ = train_client(LocalRule(), point, grad_fn, len(y), spec, finetune.lr,
                                        batches)
             out[row, 4], out[row, 5] = _score(model, tuned, hx, hy, loss_fn, batch_size)

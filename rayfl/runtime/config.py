@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from rayfl import registry
+from rayfl.runtime.executor_kind import declaration_problem
 from rayfl.schema import ConfigError, field
 
 MAX_ACTORS = 4096  # client actors: each is a process
@@ -95,12 +96,9 @@ class RuntimeConfig:
 
     def check(self, prefix: str) -> None:
         if not registry.is_builtin("executor", self.executor):  # a user's: it must import
-            executor = registry.resolve("executor", self.executor)
-            if not callable(getattr(executor, "build", None)) or \
-                    not isinstance(getattr(executor, "on_ray", None), bool):
-                raise ConfigError(f"{prefix}.executor", self.executor,
-                                  "an executor: a class with on_ray (True or False) and a "
-                                  "classmethod build(hosting)")
+            problem = declaration_problem(registry.resolve("executor", self.executor))
+            if problem:
+                raise ConfigError(f"{prefix}.executor", self.executor, problem)
         if self.address is not None and not ADDRESS_PATTERN.fullmatch(self.address):
             raise ConfigError(f"{prefix}.address", self.address,
                               "null, 'auto', 'ray://HOST[:PORT]' or HOST:PORT")

@@ -29,6 +29,7 @@ from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
 from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import WorkerParts, model_for
+from rayfl.runtime.executor_kind import built
 from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.memory import peak_rss_mb
@@ -66,9 +67,9 @@ class Server:
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
         kind = executor or registry.resolve("executor", cfg.runtime.executor)
-        executor = kind.build(Hosting(WorkerParts.of(cfg, handle.num_clients, self.stack),
-                                      handle, self.state_root, cfg.runtime, self.sizes,
-                                      actor_names, actor_startup_s))
+        executor = built(kind, Hosting(WorkerParts.of(cfg, handle.num_clients, self.stack),
+                                       handle, self.state_root, cfg.runtime, self.sizes,
+                                       actor_names, actor_startup_s))
         self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
                               Messages(self.state_root))
         self.asynchronous = async_loop.for_server(cfg, self.loop, self.sampler)

@@ -4,7 +4,9 @@
 Each thread owns a ``rayfl.runtime.client_actor.ClientWorker`` built from its own copy
 of the run's parts (pickled, as a Ray actor gets them), so no two threads share a model,
 a component or a state cache; PyTorch releases the interpreter lock inside its kernels, so the
-threads train at once. Groups are taken heaviest first as threads free up, exactly as client
+threads train at once. They share torch's one generator, so a model whose training forward
+draws from it (dropout) is refused before the run: its draws would depend on the threads'
+timing. Groups are taken heaviest first as threads free up, exactly as client
 actors take them, and each group's sum depends only on its clients: the model bytes are the
 other executors'.
 """
@@ -28,6 +30,7 @@ class ThreadExecutor:
 
     on_ray: ClassVar[bool] = False
     copies_parts: ClassVar[bool] = True
+    shares_torch_generator: ClassVar[bool] = True  # a model that draws from it is refused
 
     def __init__(self, workers: list[ClientWorker], sizes: np.ndarray):
         self.workers, self.sizes = workers, sizes

@@ -185,6 +185,8 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             task = ClientTask(client, t, lr, weight, dict(bc.algorithm), state,
                               steps if budget is None else min(steps, budget))
             ctx = LocalContext(task, data, spec, rng.client_stream(seed, t, client), budget)
+            if data.model is not None:  # a model's own draws (dropout): keyed like the rest
+                rng.seed_torch(seed, t, client, data.inputs.device)
             result = run_client(algorithm, task, ctx, trains)
             if data.has_buffers:
                 check_buffers(data.model, built, t, client)
