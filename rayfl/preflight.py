@@ -42,7 +42,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from rayfl import registry
+from rayfl import registry, rng
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
 from rayfl.runtime import executor_kind
@@ -66,7 +66,7 @@ def run(cfg, handle, stack, executor) -> None:
     class copies the parts); a broken contract raises (ComponentError or ConfigError), nothing
     is written."""
     user = user_components(cfg)
-    if getattr(executor, "copies_parts", False):
+    if executor.on_ray or getattr(executor, "copies_parts", False):
         _sendable(cfg, stack)
     if not executor_kind.is_builtin(executor) and not executor.on_ray:
         _build_executor(cfg, handle, executor)
@@ -80,8 +80,15 @@ def run(cfg, handle, stack, executor) -> None:
             _plan_first_round(cfg, handle, worker)
         if user["training"]:
             place["client"] = _smallest_client(handle.sizes())
-            if place["client"] is not None:
-                _train_one_client(cfg, handle, worker, place["client"])
+            if place["client"] is not None and \
+                    _train_one_client(cfg, handle, worker, place["client"]) and \
+                    getattr(executor, "shares_torch_generator", False):
+                raise ConfigError("runtime.executor", cfg.runtime.executor,
+                                  f"ray or inprocess: training client {place['client']} drew "
+                                  "from torch's random generator (a model's dropout, torch.rand "
+                                  "in an algorithm or a layer), which this executor's workers "
+                                  "share, so what each client drew would depend on their "
+                                  "timing")
 
 
 def _build_executor(cfg, handle, executor) -> None:
@@ -130,10 +137,11 @@ def _smallest_client(sizes: np.ndarray) -> int | None:
     return int(np.argmin(np.where(sizes > 0, sizes, np.iinfo(sizes.dtype).max)))
 
 
-def _train_one_client(cfg, handle, worker, client_id: int) -> None:
+def _train_one_client(cfg, handle, worker, client_id: int) -> bool:
     """Round 1's client-side work for client ``client_id``: the algorithm's server state and
     broadcast, its client procedure, the client-side transforms; then what it sent beside the
-    upload, held to the privacy mechanism's account."""
+    upload, held to the privacy mechanism's account. Whether the client's code drew from
+    torch's generator (seeded for the client before it ran: drawing moved it on)."""
     from rayfl.runtime.executors import InProcessExecutor
     from rayfl.runtime.loop import RoundLoop, merge
 
@@ -148,6 +156,9 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
     lr = stack.client_lr(state, 0, cfg.local.lr, cfg.local.lr_decay)
     sums, _, _ = loop.train(0, stack.broadcast(state, 0), lr,
                             loop.groups(client, weights, None), None, client)
+    after = torch.get_rng_state()
+    rng.seed_torch(cfg.seed, 0, client_id, worker.device)
+    drew = not torch.equal(after, torch.get_rng_state())
     for acc in sums.values():  # what the layers' client halves put in their payloads
         stack.payload_sums(acc.layer_sums(len(stack.layers)), 0)
     total = merge(sums[g] for g in sorted(sums))
@@ -155,6 +166,7 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> None:
     stack.check_reports(sent, total.layer_sums(len(stack.layers)), 0)
     if cfg.privacy is not None:
         check_sent(cfg.privacy, {*sent, *(k for own in total.layers for k in own)})
+    return drew
 
 
 def _sections(cfg) -> list[tuple[str, object]]:
@@ -213,7 +225,7 @@ def _named_by_frames(place: dict) -> Iterator[None]:
 
 @contextlib.contextmanager
 def untouched_globals() -> Iterator[None]:
-    """Restore Python's, NumPy's and torch's global generators and torch's threads on exit."""
+    """Restore Python's, NumPy's and torch's CPU generators and torch's threads on exit."""
     states = random.getstate(), np.random.get_state(), torch.get_rng_state()
     threads = torch.get_num_threads()
     try:

@@ -82,7 +82,7 @@ def _mix(z: int) -> int:
 
 
 def seed_torch(seed: int, t: int, client: int, device, purpose: int = TORCH_GLOBAL) -> None:
-    """Seed torch's generator of ``device`` (the CPU's, or the current CUDA device's) for one
+    """Seed torch's CPU generator (and the current CUDA device's, on one) for one
     (seed, round, client, purpose): what a model draws from it while the client trains
     (dropout) is then the same on any actor, in any order. A few arithmetic operations, not a
     SeedSequence: it runs once per client per round."""
@@ -90,7 +90,6 @@ def seed_torch(seed: int, t: int, client: int, device, purpose: int = TORCH_GLOB
     for k in (seed, t, client, purpose):
         z = _mix((z + (int(k) & _MASK) + 0x9E3779B97F4A7C15) & _MASK)
     z &= (1 << 63) - 1
+    torch.default_generator.manual_seed(z)
     if getattr(device, "type", "cpu") == "cuda":
         torch.cuda.manual_seed(z)
-    else:
-        torch.default_generator.manual_seed(z)

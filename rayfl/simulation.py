@@ -29,7 +29,7 @@ from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
-from rayfl.models import check_fits, check_single_rows, draws_randomness
+from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.storage import StorageError
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
@@ -299,13 +299,6 @@ def preflight(cfg: Config) -> Parts:
         check_files(cfg.availability, handle.num_clients)
         stack = algorithms.build(cfg, handle.num_clients)  # the layers and server optimiser build
         executor = executor_of(cfg)
-        if getattr(executor, "shares_torch_generator", False) and \
-                draws_randomness(cfg.model, model, handle):
-            raise ConfigError("runtime.executor", cfg.runtime.executor,
-                              f"ray or inprocess for model.name={cfg.model.name}, whose "
-                              "training forward draws from torch's generator (dropout, say): "
-                              "this executor's workers share that generator, so what each "
-                              "client drew would depend on their timing")
         user_preflight.run(cfg, handle, stack, executor)  # the user's components once
     return Parts(handle, stack, executor)
 

@@ -308,13 +308,25 @@ def test_a_models_dropout_gives_the_same_bytes_on_any_number_of_actors(tiny, ray
     assert other not in hashes  # the draws follow the run's seed
 
 
-def test_threads_refuse_a_model_that_draws_from_torchs_generator(tmp_path, capsys, no_ray):
-    code, err = _cli(tmp_path, capsys, "runtime.executor=threads", *DROPOUT)
+class DrawsANumber(FedAvg):
+    """An algorithm whose client draws from torch's generator (and uses nothing of it)."""
+
+    def client_train(self, task, ctx):
+        torch.rand(1)
+        return super().client_train(task, ctx)
+
+
+@pytest.mark.parametrize("draws", [DROPOUT, ["algorithm.name=tests.test_executors:DrawsANumber",
+                                              "clients_per_round=10"]],
+                         ids=["dropout", "algorithm"])
+def test_threads_refuse_a_run_whose_clients_draw_from_torchs_generator(tmp_path, capsys, no_ray,
+                                                                        draws):
+    code, err = _cli(tmp_path, capsys, "runtime.executor=threads", *draws)
     assert code == 2 and err == [
-        "rayfl: error: config key 'runtime.executor' = 'threads': expected ray or inprocess for "
-        "model.name=tests.test_executors:DropNet, whose training forward draws from torch's "
-        "generator (dropout, say): this executor's workers share that generator, so what each "
-        "client drew would depend on their timing"]
+        "rayfl: error: config key 'runtime.executor' = 'threads': expected ray or inprocess: "
+        "training client 10 drew from torch's random generator (a model's dropout, torch.rand in "
+        "an algorithm or a layer), which this executor's workers share, so what each client "
+        "drew would depend on their timing"], err
     assert not (tmp_path / "runs").exists()
 
 

@@ -162,25 +162,6 @@ def _real_batch(handle):
     return batch, f"a real batch ({len(batch)} rows of client {client})"
 
 
-def draws_randomness(model_cfg, model, handle) -> bool:
-    """Whether the model's training forward draws from torch's generator (dropout, say): two
-    forwards of a real batch under different seeds differ. Built-in models draw nothing."""
-    import copy
-
-    import torch
-
-    if registry.is_builtin("model", model_cfg.name) or (real := _real_batch(handle)) is None:
-        return False
-    probe = copy.deepcopy(model).train()  # its BatchNorm statistics move: a copy's
-    outs = []
-    with torch.no_grad(), calling(_forward_name(model, registry.resolve("model",
-                                                                        model_cfg.name))):
-        for seed in (1, 2):
-            torch.manual_seed(seed)
-            outs.append(probe(real[0]))
-    return not torch.equal(outs[0], outs[1])
-
-
 def _check_gradient(model_cfg, model, batch, what: str) -> None:
     """The scores depend on the model's trainable parameters (a gradient reaches them): a
     ComponentError naming the model's forward when none does (parameters used detached)."""

@@ -43,7 +43,8 @@ def in_ray_actor() -> bool:
 
 def pick_device(gpus: float) -> torch.device:
     """CUDA for a GPU share when torch sees one: in a Ray actor only if Ray assigned it a GPU,
-    in-process (``runtime.executor: inprocess``) the current device; else CPU."""
+    in the server's process (``runtime.executor: inprocess`` or ``threads``) the current
+    device; else CPU."""
     if gpus <= 0 or not torch.cuda.is_available():
         return torch.device("cpu")
     if in_ray_actor() and not ray.get_gpu_ids():
@@ -185,7 +186,7 @@ class ClientWorker:
                                  y.detach().cpu().numpy()))
         sums, written = train_groups(self.stack, groups, bc_t, lr, t, self.seed,
                                      self._source(t, round_clients), self.store, self.spec,
-                                     on_model, self.messages)
+                                     on_model, self.messages, self.device)
         return {"sums": [(g, acc.to("cpu")) for g, acc in sums], "written": written,
                 "seconds": time.perf_counter() - start,
                 "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb(),

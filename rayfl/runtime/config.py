@@ -81,10 +81,11 @@ class RuntimeConfig:
     actor_timeout_s: Optional[float] = field(
         1800.0, doc="real seconds a client actor may take for its share of a round (and the "
                     "server to answer) before it counts as hung: a hung client actor is "
-                    "restarted and its groups re-run; null: wait forever", lo=0.0, lo_open=True)
+                    "restarted and its groups re-run; null: wait forever (executor ray only)",
+        lo=0.0, lo_open=True)
     max_actor_restarts: int = field(
         3, doc="restarts of each client actor that died or hung (its groups are re-run, the "
-               "result is unchanged); then the run stops, resumable", lo=0)
+               "result is unchanged); then the run stops, resumable (executor ray only)", lo=0)
     storage: Optional[str] = field(None, doc="where client state and checkpoints live: null = "
                                              "the run directory; a path or a pyarrow.fs URI "
                                              "(s3://bucket/prefix?region=..., gs://...) holds "

@@ -14,6 +14,7 @@ import numpy as np
 from rayfl import registry
 from rayfl.contract import calling, describe, expect, name_of
 from rayfl.runtime.aggregate import PartialSum
+from rayfl.runtime.storage import CheckpointError
 
 #: the calls the runtime makes on an executor (rayfl.runtime.loop.Executor)
 CALLS = ("run", "summaries", "client_scores", "client_losses")
@@ -35,13 +36,27 @@ def declaration_problem(obj: Any) -> str | None:
 def built(kind: type, hosting) -> Any:
     """``kind.build(hosting)``, checked to answer every call; a user's executor comes back
     wrapped so that each call's error or malformed answer names it."""
+    if is_builtin(kind):
+        return kind.build(hosting)
     where = name_of(kind, "build")
-    with calling(where):
-        executor = kind.build(hosting)
+    executor = as_users(where, kind.build, hosting)
     missing = [c for c in CALLS if not callable(getattr(executor, c, None))]
     expect(not missing, where, f"returned {describe(executor)}; expected an executor answering "
                                f"{', '.join(CALLS)} (it lacks {', '.join(missing)})")
-    return executor if is_builtin(kind) else Checked(executor)
+    return Checked(executor)
+
+
+def as_users(where: str, fn, *args, round: int | None = None):
+    """``fn(*args)`` as a user's code named ``where``: its exception is a ComponentError naming
+    it — but rayfl's own (a write that failed, a damaged client-state file), raised in rayfl's
+    code the user's executor called, pass as they are."""
+    own = None
+    with calling(where, round):
+        try:
+            return fn(*args)
+        except (OSError, CheckpointError) as e:
+            own = e
+    raise own
 
 
 def is_builtin(kind: type) -> bool:
@@ -89,8 +104,8 @@ class Checked:
         self.executor = executor
 
     def _call(self, call: str, *args, round: int | None = None):
-        with calling(name_of(type(self.executor), call), round):
-            return getattr(self.executor, call)(*args)
+        return as_users(name_of(type(self.executor), call), getattr(self.executor, call), *args,
+                        round=round)
 
     def _answer(self, call: str, out, n: int, shape_ok, shape: str) -> np.ndarray:
         """``out``, held to be a numeric array of the ``shape`` described (for ``n``

@@ -34,6 +34,7 @@ class ThreadExecutor:
 
     def __init__(self, workers: list[ClientWorker], sizes: np.ndarray):
         self.workers, self.sizes = workers, sizes
+        self.lock = threading.Lock()  # guards a round's queue of groups
 
     @classmethod
     def build(cls, hosting: Hosting) -> "ThreadExecutor":
@@ -48,12 +49,11 @@ class ThreadExecutor:
         loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
         queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
         bc_np = numpy_tree(bc)
-        lock = threading.Lock()
-        failed: dict[int, Exception] = {}
+        failed: dict[int, BaseException] = {}
         done: list[list[dict]] = [[] for _ in self.workers]
 
         def next_group() -> int | None:
-            with lock:
+            with self.lock:
                 return queue.popleft() if queue else None
 
         def drain(w: int) -> None:
@@ -61,8 +61,8 @@ class ThreadExecutor:
                 try:
                     done[w].append(self.workers[w].train(t, bc_np, lr, [groups[g]], keep_dir,
                                                          round_clients))
-                except Exception as e:  # noqa: BLE001 - raised below, in the caller's thread
-                    with lock:
+                except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                    with self.lock:
                         failed[g] = e
                         kept = [h for h in queue if h < min(failed)]
                         queue.clear()
@@ -75,7 +75,8 @@ class ThreadExecutor:
 
     def _on_threads(self, calls: list[Callable[[], None]], queue: deque | None = None) -> None:
         """Run ``calls`` at once, one thread each, and wait for all; on the caller's Ctrl-C the
-        ``queue`` is emptied so the threads stop after their current group."""
+        ``queue`` is emptied and the threads are waited for after their current group (none
+        writes after the run has stopped)."""
         threads = [threading.Thread(target=call, daemon=True) for call in calls]
         for thread in threads:
             thread.start()
@@ -84,7 +85,10 @@ class ThreadExecutor:
                 thread.join()
         except BaseException:
             if queue is not None:
-                queue.clear()
+                with self.lock:
+                    queue.clear()
+            for thread in threads:
+                thread.join()
             raise
 
     def _split(self, call: Callable[[ClientWorker, np.ndarray, np.ndarray | None], np.ndarray],
@@ -96,12 +100,12 @@ class ThreadExecutor:
         split = np.array_split(versions, n) if versions is not None else [None] * n
         busy = [w for w in range(n) if len(chunks[w])]
         parts: list = [None] * n
-        errors: list[tuple[int, Exception]] = []
+        errors: list[tuple[int, BaseException]] = []
 
         def one(w: int) -> None:
             try:
                 parts[w] = call(self.workers[w], chunks[w], split[w])
-            except Exception as e:  # noqa: BLE001 - raised below, the lowest chunk's first
+            except BaseException as e:  # noqa: BLE001 - raised below, the lowest chunk's first
                 errors.append((w, e))
 
         self._on_threads([lambda w=w: one(w) for w in busy])

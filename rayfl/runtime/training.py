@@ -156,12 +156,16 @@ def _of(dtype: torch.dtype) -> str:
 
 def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc: Broadcast,
                  lr: float, t: int, seed: int, source: Source, store: Store, spec: LocalSpec,
-                 on_model: Callable[[int, Vec], None] | None = None, messages=None):
+                 on_model: Callable[[int, Vec], None] | None = None, messages=None,
+                 device: torch.device | None = None):
     """Train every client of every group; returns ([(group, PartialSum)], clients written).
 
     A client's state is settled first (the algorithm's ``client_settle`` with the ``messages``
     of the round that wrote it), when the algorithm declares that capability.
     ``on_model(client, y)`` sees each client's final local model (analysis keeps them).
+    With a ``device``, torch's generators are seeded for each client before anything of it
+    runs (:func:`rayfl.rng.seed_torch`), so what its code draws from them does not depend on
+    where or after whom it trains.
     """
     algorithm, layers = stack.algorithm, stack.layers
     traits = algorithm.traits
@@ -172,6 +176,8 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
     for group, tasks in groups:
         acc = PartialSum()
         for client, weight, version, budget in tasks:
+            if device is not None:  # torch's own draws (dropout, a user's randn): keyed too
+                rng.seed_torch(seed, t, client, device)
             data = source(client)
             saved = decode(store.load(client, version), stack)
             state = saved.algorithm
@@ -185,8 +191,6 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             task = ClientTask(client, t, lr, weight, dict(bc.algorithm), state,
                               steps if budget is None else min(steps, budget))
             ctx = LocalContext(task, data, spec, rng.client_stream(seed, t, client), budget)
-            if data.model is not None:  # a model's own draws (dropout): keyed like the rest
-                rng.seed_torch(seed, t, client, data.inputs.device)
             result = run_client(algorithm, task, ctx, trains)
             if data.has_buffers:
                 check_buffers(data.model, built, t, client)
