@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -380,6 +381,16 @@ def _processes_with(tag: str) -> list[int]:
     return found
 
 
+def _processes_left(tag: str, grace_s: float = 60.0) -> list[int]:
+    """The processes carrying ``tag`` that are still there ``grace_s`` after the run exited
+    (a local Ray's workers are stopped by its raylet as the driver exits, which on a loaded
+    machine takes a moment after the driver is gone); none as soon as none is."""
+    deadline = time.monotonic() + grace_s
+    while (left := _processes_with(tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 #: the one line Ray itself prints when a local Ray starts (every run, not a failure's dump)
 RAY_START_NOTICE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+WARNING authentication_token_setup")
 
@@ -398,7 +409,7 @@ def test_a_user_error_inside_ray_is_one_line_with_no_dump_and_no_process_left(tm
                     "selector's own bug")
     assert f'File "{ROOT}/tests/components_bad.py"' in err[1], err  # its path, not Ray's copy
     assert not any(w in run.stderr for w in ("ray::", "(raylet)", "pid=", "resume")), run.stderr
-    assert _processes_with(tag) == []
+    assert _processes_left(tag) == []
 
 
 def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local):
