@@ -78,7 +78,8 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
         with open(os.path.join(two_dir, "actors.json")) as f:
             nodes = {a["node_id"] for a in json.load(f).values()}
         resumed = rayfl.resume(two_dir, quiet=True)
-        servers = [a.node_id for a in list_actors(filters=[("class_name", "=", "Server")])]
+        servers = [a.node_id for a in list_actors(address=cluster.address,  # this cluster only
+                                                  filters=[("class_name", "=", "Server")])]
     finally:
         ray.shutdown()
         cluster.shutdown()
