@@ -62,6 +62,13 @@ def combined(reports: list[dict]) -> dict:
             "private_mb": reports[-1]["private_mb"]}
 
 
+def heaviest_first(groups: list, sizes: np.ndarray) -> deque:
+    """The groups' positions in the order workers take them: most samples first, ties by
+    position."""
+    loads = [sum(int(sizes[c]) for c, *_ in tasks) for _, tasks in groups]
+    return deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
+
+
 class ActorsLost(RuntimeError):
     """A client actor died or hung more often than ``runtime.max_actor_restarts`` allows."""
 
@@ -120,8 +127,7 @@ class RayExecutor:
         trains the groups in order, raises."""
         import ray
 
-        loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
-        queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
+        queue = heaviest_first(groups, self.sizes)
         bc_ref, clients_ref = ray.put(numpy_tree(bc)), ray.put(round_clients)
         running: dict = {}  # call -> (actor index, group, deadline or None)
         done: list[list[dict]] = [[] for _ in self.actors]

@@ -22,7 +22,7 @@ import numpy as np
 from ray import cloudpickle
 
 from rayfl.runtime.client_actor import ClientWorker
-from rayfl.runtime.executors import Hosting, combined, numpy_tree
+from rayfl.runtime.executors import Hosting, combined, heaviest_first, numpy_tree
 
 
 class ThreadExecutor:
@@ -46,8 +46,7 @@ class ThreadExecutor:
         """Each thread takes the next group, heaviest first, when free; one report per thread
         that trained. When groups fail, the lowest group's error is raised (every lower group
         is run to know), as with the other executors."""
-        loads = [sum(int(self.sizes[c]) for c, *_ in tasks) for _, tasks in groups]
-        queue = deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
+        queue = heaviest_first(groups, self.sizes)
         bc_np = numpy_tree(bc)
         failed: dict[int, BaseException] = {}
         done: list[list[dict]] = [[] for _ in self.workers]
