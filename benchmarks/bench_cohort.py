@@ -1,20 +1,26 @@
 """What a large cohort costs besides training: seconds a round at 1,000 and 10,000 clients a
 round among 100,000 registered (synthetic, 10 rows of 20 features each, logistic regression,
 one step of batch 10 a client, FedAvg, 2 actors × 1 CPU), against the floor — the same clients
-trained by a plain PyTorch loop in one thread (read the client's rows, ``torch.optim.SGD`` on a
-shuffled batch, add n·w to the sum), whose seconds divided by the actors are what two perfectly
-parallel workers need.
+trained by a plain PyTorch loop (read the client's rows, ``torch.optim.SGD`` on a shuffled
+batch, add n·w to the sum) in two single-thread processes at once, each taking half of every
+round's clients, as two perfectly efficient workers would on this machine.
 
-Per cohort it prints the median seconds of a round (rounds 2 to the last; the first warms up),
-the floor, the overhead (round − floor) and both per client. Each cohort runs in a fresh process.
+rayfl and the floor alternate, in fresh processes, over ``--passes`` passes (this machine's
+speed drifts by more than the gaps measured: only side-by-side runs compare). Per pass and
+cohort it prints the median seconds of a round (rounds 2 to the last; the first warms up),
+the slowest actor's training call, the floor (per round the slower of the two processes), the
+overhead (round − floor) and both per client; then each column's min–max over the passes.
 
     python benchmarks/bench_cohort.py [--clients 100000] [--per-round 1000 10000] [--rounds 5]
+        [--passes 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -32,8 +38,21 @@ BASE = {
 }
 
 
-def floor_seconds(cfg, handle, rounds: list) -> float:
-    """Median seconds of a plain one-thread loop training each round's clients."""
+def load(clients: int, per_round: int, rounds: int, work: str):
+    """The cohort's config and its data store (prepared once under ``work``, then reused)."""
+    from rayfl import config
+    from rayfl.data import prepare
+
+    raw = json.loads(json.dumps(BASE))
+    raw.update(rounds=rounds, clients_per_round=per_round, output_dir=f"{work}/runs")
+    raw["data"].update(num_clients=clients, cache_dir=f"{work}/cache")
+    cfg = config.load(raw)
+    return cfg, prepare(cfg.data, cfg.seed)
+
+
+def plain_rounds(cfg, handle, rounds: list, barrier) -> list[float]:
+    """Seconds of each round of a plain one-thread loop over its clients; every round starts
+    when both processes reach ``barrier``."""
     import torch
 
     from rayfl.models import build_for
@@ -47,6 +66,7 @@ def floor_seconds(cfg, handle, rounds: list) -> float:
     loss_fn, batch = torch.nn.CrossEntropyLoss(), cfg.local.batch_size
     seconds = []
     for t, clients in enumerate(rounds):
+        barrier.wait()
         tick = time.perf_counter()
         total = [torch.zeros_like(p) for p in params]
         for c in clients:
@@ -65,38 +85,59 @@ def floor_seconds(cfg, handle, rounds: list) -> float:
                 for s, p in zip(total, params):
                     s.add_(p, alpha=float(len(y)))
         seconds.append(time.perf_counter() - tick)
-    return statistics.median(seconds)
+    return seconds
 
 
-def measure(clients: int, per_round: int, rounds: int) -> dict:
-    """One cohort in this process: rayfl's rounds on Ray, then the floor on the same clients."""
-    import ray
+def _half(args) -> list[float]:
+    return plain_rounds(*args[:3], _half.barrier)
 
-    from rayfl import config, simulation
+
+def _init(barrier) -> None:
+    _half.barrier = barrier
+
+
+def floor(clients: int, per_round: int, rounds: int, work: str) -> dict:
+    """Two plain processes at once, each half of every round's clients (rounds as rayfl
+    samples them); per round the slower one, median over rounds 2 to the last."""
     from rayfl.availability import make_sampler
-    from rayfl.data import prepare
     from rayfl.runtime.local import spec_from_config
 
-    with tempfile.TemporaryDirectory() as work:
-        raw = json.loads(json.dumps(BASE))
-        raw.update(rounds=rounds, clients_per_round=per_round, output_dir=f"{work}/runs")
-        raw["data"].update(num_clients=clients, cache_dir=f"{work}/cache")
-        cfg = config.load(raw)
-        handle = prepare(cfg.data, cfg.seed)
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
-        try:
-            rows = simulation.run(cfg, quiet=True).metrics.to_pylist()
-        finally:
-            ray.shutdown()
-        gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
-        sampler = make_sampler(cfg.availability, handle, per_round, cfg.seed,
-                               spec_from_config(cfg.local))
-        plan = [sampler.plan(t).clients for t in range(1, rounds)]
-        floor = floor_seconds(cfg, handle, plan)
-    return {"clients": clients, "per_round": per_round, "round_s": statistics.median(gaps),
-            "actor_s": statistics.median(max(r["actor_train_s"]) for r in rows[1:]),
-            "floor_s": floor / cfg.runtime.num_actors}
+    cfg, handle = load(clients, per_round, rounds, work)
+    sampler = make_sampler(cfg.availability, handle, per_round, cfg.seed,
+                           spec_from_config(cfg.local))
+    plan = [sampler.plan(t).clients for t in range(rounds)]
+    spawn = multiprocessing.get_context("spawn")
+    barrier = spawn.Barrier(2)
+    with spawn.Pool(2, initializer=_init, initargs=(barrier,)) as pool:
+        halves = pool.map(_half, [(cfg, handle, [c[i::2] for c in plan]) for i in (0, 1)], 1)
+    return {"floor_s": statistics.median([max(a, b) for a, b in zip(*halves)][1:])}
+
+
+def rayfl_rounds(clients: int, per_round: int, rounds: int, work: str) -> dict:
+    """rayfl's rounds of this cohort on 2 Ray actors."""
+    import ray
+
+    from rayfl import simulation
+
+    cfg, _ = load(clients, per_round, rounds, work)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        rows = simulation.run(cfg, quiet=True).metrics.to_pylist()
+    finally:
+        ray.shutdown()
+    gaps = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    return {"round_s": statistics.median(gaps),
+            "actor_s": statistics.median(max(r["actor_train_s"]) for r in rows[1:])}
+
+
+def child(what: str, args, work: str) -> dict:
+    """Run ``what`` (rayfl or floor) for one cohort in a fresh process; its figures."""
+    out = subprocess.run([sys.executable, __file__, "--one", what, "--work", work,
+                          "--clients", str(args.clients), "--per-round", str(args.per_round[0]),
+                          "--rounds", str(args.rounds)], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"{what}, {args.per_round[0]} clients a round failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -104,29 +145,40 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100_000)
     ap.add_argument("--per-round", type=int, nargs="+", default=[1_000, 10_000])
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--one", choices=("rayfl", "floor"), help=argparse.SUPPRESS)  # child mode
+    ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rounds < 3:
         ap.error(f"--rounds {args.rounds}: expected ≥ 3 (the first round warms up)")
+    if args.passes < 1:
+        ap.error(f"--passes {args.passes}: expected ≥ 1")
     if args.one:
-        print(json.dumps(measure(args.clients, args.per_round[0], args.rounds)))
+        run = rayfl_rounds if args.one == "rayfl" else floor
+        print(json.dumps(run(args.clients, args.per_round[0], args.rounds, args.work)))
         return
     print(f"{args.clients:,} registered clients, logistic regression, 2 actors × 1 CPU; "
-          f"median over rounds 2–{args.rounds}; floor = a plain one-thread loop on the same "
-          "clients ÷ 2 actors")
-    print(f"{'a round':>8} {'s/round':>8} {'slowest actor s':>15} {'floor s':>8} "
-          f"{'overhead s':>10} {'ms/client':>9} {'overhead ms/client':>18}")
-    for n in args.per_round:
-        out = subprocess.run([sys.executable, __file__, "--one", "--clients", str(args.clients),
-                              "--per-round", str(n), "--rounds", str(args.rounds)],
-                             capture_output=True, text=True)
-        if out.returncode:
-            sys.exit(f"{n} clients a round failed:\n{out.stderr[-3000:]}")
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        over = r["round_s"] - r["floor_s"]
-        print(f"{n:>8,} {r['round_s']:>8.3f} {r['actor_s']:>15.3f} {r['floor_s']:>8.3f} "
-              f"{over:>10.3f} {1000 * r['round_s'] / n:>9.3f} {1000 * over / n:>18.3f}",
-              flush=True)
+          f"median over rounds 2–{args.rounds}; floor = a plain loop in two single-thread "
+          f"processes at once; rayfl and the floor alternate over {args.passes} passes")
+    head = (f"{'pass':>4} {'a round':>8} {'s/round':>8} {'slowest actor s':>15} {'floor s':>8} "
+            f"{'overhead s':>10} {'ms/client':>9} {'overhead ms/client':>18}")
+    print(head)
+    seen: dict[int, list] = {n: [] for n in args.per_round}
+    with tempfile.TemporaryDirectory(prefix="rayfl-cohort-") as work:
+        for p in range(1, args.passes + 1):
+            for n in args.per_round:
+                one = argparse.Namespace(**{**vars(args), "per_round": [n]})
+                r = {**child("rayfl", one, work), **child("floor", one, work)}
+                cols = (r["round_s"], r["actor_s"], r["floor_s"], r["round_s"] - r["floor_s"],
+                        1000 * r["round_s"] / n, 1000 * (r["round_s"] - r["floor_s"]) / n)
+                seen[n].append(cols)
+                print(f"{p:>4} {n:>8,} {cols[0]:>8.3f} {cols[1]:>15.3f} {cols[2]:>8.3f} "
+                      f"{cols[3]:>10.3f} {cols[4]:>9.3f} {cols[5]:>18.3f}", flush=True)
+    print("min–max over the passes")
+    for n, rows in seen.items():
+        spans = [f"{min(c):.3f}–{max(c):.3f}" for c in zip(*rows)]
+        print(f"{'':>4} {n:>8,} " + " ".join(f"{s:>{w}}" for s, w in
+                                             zip(spans, (8, 15, 8, 10, 9, 18))))
 
 
 if __name__ == "__main__":

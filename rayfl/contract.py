@@ -18,11 +18,20 @@ that moved after it, naming the tensor — a check that costs nothing and touche
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
+import numbers
 import os
+import signal
 import sys
+import threading
 import traceback
 from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from rayfl.schema import ConfigError
 
 #: directories whose frames are not the user's: rayfl itself and installed packages
 _RAYFL = os.path.dirname(os.path.abspath(__file__))
@@ -92,8 +101,6 @@ def calling(component: str, round: int | None = None, client: int | None = None
     :class:`~rayfl.schema.ConfigError` names a key already and passes unchanged). SystemExit
     and KeyboardInterrupt are the component's error too — except a KeyboardInterrupt of a
     signal that came meanwhile (:func:`signals_watched`): the user's Ctrl-C passes."""
-    from rayfl.schema import ConfigError
-
     try:
         yield
     except ComponentError as e:
@@ -138,9 +145,6 @@ def signals_watched() -> Iterator[None]:
     themselves are unchanged), so that :func:`calling` tells a Ctrl-C from a KeyboardInterrupt
     the user's code raises. Nests; in the main thread only (elsewhere no signal arrives, and a
     KeyboardInterrupt is always the code's own)."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -176,10 +180,6 @@ class Lent:
     def add(self, name: str, value: Any) -> "Lent":
         """Lend ``value``: a tensor, or the tensors in a dict, list, tuple or dataclass
         (``name["key"]``, ``name[0]``, ``name.field``)."""
-        import dataclasses
-
-        import torch
-
         if isinstance(value, torch.Tensor):
             version = _version(value)
             if version is not None:
@@ -276,8 +276,6 @@ def returned_vector(value: Any, like: Any, component: str, what: str,
                     round: int | None = None) -> Any:
     """``value`` checked to be a float tensor shaped like ``like`` (the model vector), cast to
     ``like``'s dtype."""
-    import torch
-
     ok = isinstance(value, torch.Tensor) and value.is_floating_point() and \
         value.shape == like.shape
     expect(ok, component, f"{what} is {describe(value)}; expected a float tensor of shape "
@@ -288,11 +286,6 @@ def returned_vector(value: Any, like: Any, component: str, what: str,
 def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:
     """``value`` checked to be a dict of metric names to real numbers or None (0-d tensors and
     numpy scalars become Python numbers)."""
-    import numbers
-
-    import numpy as np
-    import torch
-
     expect(isinstance(value, dict), component,
            f"returned metrics as {describe(value)}; expected a dict of name -> number", round)
     out = {}

@@ -423,6 +423,11 @@ class DataReader:
         if self.handle.kind in ("ids", "tokens"):
             xt = torch.from_numpy(np.array(x, dtype=np.int64))
         else:
-            xt = torch.from_numpy(np.array(x, dtype=np.float32)) * self.handle.scale
-        xt = xt.reshape(len(x), *self.handle.input_shape).to(device)
-        return xt, torch.from_numpy(np.array(y, dtype=np.int64)).to(device)
+            xt = torch.from_numpy(np.array(x, dtype=np.float32))
+            if self.handle.scale != 1.0:  # × 1 is exact: skipped (it runs once a client)
+                xt = xt * self.handle.scale
+        xt = xt.reshape(len(x), *self.handle.input_shape)
+        yt = torch.from_numpy(np.array(y, dtype=np.int64))
+        if torch.device(device).type == "cpu":
+            return xt, yt
+        return xt.to(device), yt.to(device)
