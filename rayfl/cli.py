@@ -7,13 +7,36 @@ algorithms, privacy (``rayfl COMMAND --help``).
 from __future__ import annotations
 
 import argparse
+import gc
+import os
+import platform
+import signal
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
+import yaml
+
+from rayfl import config as config_mod
+from rayfl import registry as components
+from rayfl.algorithms import registry
+from rayfl.analysis.commands import add_subcommands, run_command
+from rayfl.compare import compare
+from rayfl.config import load
 from rayfl.contract import ComponentError, own_exits
+from rayfl.data.fetch import parser as fetch_parser
+from rayfl.data.inspect import report, summary
+from rayfl.data.table import check_table_path
+from rayfl.docs import HEADER, config_reference
+from rayfl.failures import RunStopped
+from rayfl.fork import fork
+from rayfl.metrics.progress import sigterm_as_interrupt
+from rayfl.metrics.timeline import timeline
+from rayfl.privacy.audit import describe
 from rayfl.runtime.cluster import RayStartError
 from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
-from rayfl.failures import RunStopped
+from rayfl.simulation import preflight as _prepare
+from rayfl.simulation import resume, run
 from rayfl.usage import OneLineParser
 
 DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)
@@ -26,8 +49,6 @@ def exit_status(summary: dict) -> int:
 
 
 def _cmd_run(args) -> int:
-    from rayfl.simulation import run
-
     if args.dry_run:
         return dry_run(args.config, args.overrides)
 
@@ -39,8 +60,6 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_resume(args) -> int:
-    from rayfl.simulation import resume
-
     result = resume(args.run_dir, quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
     print(result.run_dir)
@@ -48,8 +67,6 @@ def _cmd_resume(args) -> int:
 
 
 def _cmd_fork(args) -> int:
-    from rayfl.fork import fork
-
     result = fork(args.run_dir, args.at, args.overrides, run_dir=args.new_run_dir,
                   quiet=args.quiet, max_rounds=args.max_rounds)
     _print_summary(result.summary)
@@ -58,8 +75,6 @@ def _cmd_fork(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from rayfl.compare import compare
-
     entries = [e.strip() for e in args.algorithms.split(",") if e.strip()]
     seeds = parse_seeds(args.seeds)
     if args.dry_run:
@@ -86,12 +101,6 @@ def parse_seeds(text: str | None) -> list[int] | None:
 def dry_run(source, overrides, entries: list[str] | None = None,
             seeds: list[int] | None = None) -> int:
     """Validate, print the resolved config and the partition summary; Ray is not started."""
-    import yaml
-
-    from rayfl import config as config_mod
-    from rayfl.data.inspect import summary
-    from rayfl.simulation import preflight as _prepare
-
     cfg = config_mod.load(source, overrides)
     if entries is not None:
         from rayfl.compare import plan
@@ -108,8 +117,6 @@ def dry_run(source, overrides, entries: list[str] | None = None,
 
 
 def _cmd_timeline(args) -> int:
-    from rayfl.metrics.timeline import timeline
-
     try:
         targets = [float(v) for v in args.targets.split(",") if v.strip()]
     except ValueError:
@@ -124,8 +131,6 @@ def _cmd_timeline(args) -> int:
 
 
 def _cmd_analyze(args) -> int:
-    from rayfl.analysis.commands import run_command
-
     return run_command(args)
 
 
@@ -136,8 +141,6 @@ def _cmd_tune(args) -> int:
 
 
 def _cmd_privacy(args) -> int:
-    from rayfl.privacy.audit import describe
-
     print("\n".join(describe(args.run_dir)))
     return 0
 
@@ -158,8 +161,6 @@ COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper", "s
 
 
 def _cmd_keys(args) -> int:
-    from rayfl.docs import HEADER, config_reference
-
     others = {kind: getattr(args, kind) for kind in COMPONENT_KINDS
               if getattr(args, kind)}
     if args.metrics:
@@ -180,8 +181,6 @@ def _cmd_keys(args) -> int:
 
 
 def _cmd_algorithms(args) -> int:
-    from rayfl.algorithms import registry
-
     for name, text in algorithm_lines(registry):
         print(f"{name:12s} {text}")
     return 0
@@ -193,8 +192,6 @@ def algorithm_lines(registry) -> list[tuple[str, str]]:
     Algorithms sharing a module (FedAdam / FedYogi / FedAdagrad) get their class's own line
     after the module's first sentence, so no two lines read the same.
     """
-    from rayfl import registry as components
-
     out = []
     by_module: dict[str, int] = {}
     for name in registry.names():
@@ -213,13 +210,6 @@ def algorithm_lines(registry) -> list[tuple[str, str]]:
 
 
 def _cmd_data(args) -> int:
-    import os
-
-    from rayfl.config import load
-    from rayfl.data.inspect import report
-    from rayfl.data.table import check_table_path
-    from rayfl.schema import ConfigError
-
     cfg = load(args.config, args.overrides)
     check_table_path(args.table)
     for flag, value, least in (("--clients", args.clients, 0), ("--max-clients",
@@ -235,9 +225,6 @@ def _cmd_data(args) -> int:
 
 def version_text() -> str:
     """``rayfl X.Y.Z (Python …, torch …, ray …)`` for ``rayfl --version``."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
     from rayfl import __version__
 
     def v(pkg: str) -> str:
@@ -295,8 +282,6 @@ def parser() -> argparse.ArgumentParser:
                                                           "start nothing")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(fn=_cmd_compare)
-    from rayfl.analysis.commands import add_subcommands
-
     z = sub.add_parser("analyze", help="loss landscapes, loss decomposition and drift "
                                        "diagnostics of a run directory")
     add_subcommands(z)
@@ -353,8 +338,6 @@ def parser() -> argparse.ArgumentParser:
 
 def nested_parsers() -> dict[str, argparse.ArgumentParser]:
     """Commands under another command's name (``rayfl data fetch``), by their full name."""
-    from rayfl.data.fetch import parser as fetch_parser
-
     return {"data fetch": fetch_parser()}
 
 
@@ -372,8 +355,6 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"unrecognized arguments: {' '.join(stray)}")
         if extra:
             args.overrides = [*args.overrides, *extra]
-    from rayfl.metrics.progress import sigterm_as_interrupt
-
     previous = sigterm_as_interrupt()
     try:
         if hasattr(args, "overrides"):
@@ -408,8 +389,6 @@ def main(argv: list[str] | None = None) -> int:
 def _quiet_shutdown() -> None:
     """Disconnect from Ray now, while the interrupted command's actor handles are gone, rather
     than at interpreter exit (where the handles outlive Ray and it logs RPC errors)."""
-    import gc
-
     ray = sys.modules.get("ray")
     gc.collect()
     if ray is not None and ray.is_initialized():
@@ -417,8 +396,6 @@ def _quiet_shutdown() -> None:
 
 
 def _restore_sigterm(previous) -> None:
-    import signal
-
     if previous is not None:
         signal.signal(signal.SIGTERM, previous)
 

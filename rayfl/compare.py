@@ -32,7 +32,9 @@ from rayfl.config import Config
 from rayfl.metrics.files import write_json, write_parquet
 from rayfl.metrics.plots import plot_accuracy, plot_accuracy_bands
 from rayfl.metrics.progress import Eta, hms
+from rayfl.rundir import check_creatable
 from rayfl.schema import ConfigError
+from rayfl.simulation import preflight, run
 
 
 def variant(base: dict, entry: str) -> dict:
@@ -89,9 +91,6 @@ def compare(source, entries: list[str], overrides: list[str] | None = None,
     """Run every entry on every seed; returns (comparison directory, one table row per entry,
     with the mean and the std over seeds). Every variant's data, model and components are
     checked before the comparison directory is made: a refused one leaves nothing behind."""
-    from rayfl.rundir import check_creatable
-    from rayfl.simulation import preflight, run
-
     base, configs = plan(source, entries, overrides, seeds)
     seeds = sorted({seed for _, seed in configs}, key=[s for _, s in configs].index)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

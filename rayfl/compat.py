@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rayfl import registry
+from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.checks import effective_weighting
+from rayfl.algorithms.wrapper import wrapper_classes
+from rayfl.models.flat import persistent_buffers
 from rayfl.schema import ConfigError, to_dict
+from rayfl.transforms import REGISTRY, entries_of
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,6 @@ class Run:
     @property
     def weighting(self) -> str:
         """What ``aggregation.weighting`` means here (``auto`` resolved)."""
-        from rayfl.algorithms.checks import effective_weighting
-
         return effective_weighting(self.cls, self.cfg)
 
     @property
@@ -77,8 +80,6 @@ def _value(cfg: Any, key: str) -> Any:
 
 
 def _takes_server_opt(cls) -> bool:
-    from rayfl.algorithms.base import Algorithm
-
     return cls.traits.server_opt and cls.default_server_opt is Algorithm.default_server_opt
 
 
@@ -268,8 +269,6 @@ def _concurrency(cfg) -> int:
 
 
 def _transform_classes(run: Run) -> list:
-    from rayfl.transforms import REGISTRY
-
     return [REGISTRY[name] for _, name in run.transforms if name in REGISTRY]
 
 
@@ -280,9 +279,6 @@ def _robust(run: Run) -> str:
 
 def run_of(cfg, buffers: bool = False) -> Run:
     """The facts the rules read of a validated config."""
-    from rayfl.algorithms.wrapper import wrapper_classes
-    from rayfl.transforms import entries_of
-
     cls = cfg.algorithm.component()
     return Run(cfg, cls, cls.traits, tuple((w, c) for w, c, _ in wrapper_classes(cfg)),
                tuple((w, e["name"]) for w, e in entries_of(cfg)), buffers)
@@ -299,8 +295,6 @@ def check(cfg) -> None:
 def check_model(cfg, module) -> None:
     """The rules that need the model: its buffers (BatchNorm statistics), its dimension against
     the privacy audit's canaries."""
-    from rayfl.models.flat import persistent_buffers
-
     run = run_of(cfg, bool(persistent_buffers(module)))
     for rule in RULES:
         if rule.needs_model:

@@ -14,15 +14,20 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import schema, yamlio
+from rayfl import compat, schema, yamlio
+from rayfl.algorithms import legacy, wrapper
+from rayfl.algorithms.base import declaration_problem
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
 from rayfl.availability.config import AvailabilityConfig
+from rayfl.contract import calling, name_of
 from rayfl.data.config import DataConfig
 from rayfl.metrics.config import EvalConfig, LoggersConfig
 from rayfl.models.config import ModelConfig
+from rayfl.privacy.rules import check_given
 from rayfl.runtime.config import CheckpointConfig, KeepConfig, LocalConfig, RuntimeConfig
 from rayfl.schema import ConfigError, field
 from rayfl.selection.config import SelectionConfig
+from rayfl.transforms import check_run
 from rayfl.transforms.config import AggregationConfig, CompressionConfig, PrivacyConfig
 
 #: config keys holding a list of ``{name: ..., <keys>}`` entries (a dotted key names an entry)
@@ -151,14 +156,8 @@ def from_dict(raw: dict) -> Config:
     if isinstance(raw.get("wrappers"), list):  # `wrappers: [ima]` is `[{name: ima}]`
         raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
                                    for e in raw["wrappers"]]}
-    from rayfl.privacy.rules import check_given
-
     check_given(raw.get("privacy"))
     cfg = schema.build(Config, raw)
-    from rayfl.algorithms import legacy
-    from rayfl.algorithms.base import declaration_problem
-    from rayfl.contract import calling, name_of
-
     legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
     algorithm = cfg.algorithm.component()
     problem = declaration_problem(algorithm)  # its traits and how it is built
@@ -168,10 +167,6 @@ def from_dict(raw: dict) -> Config:
         component = section.component()
         with calling(name_of(component, "check_config")):  # its own rules may raise anything
             component.check_config(section.params, cfg, where)
-    from rayfl import compat
-    from rayfl.algorithms import wrapper
-    from rayfl.transforms import check_run
-
     check_run(cfg)
     wrapper.check_run(cfg)
     compat.check(cfg)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from rayfl import registry
+import dataclasses
+from typing import get_args, get_type_hints
+
+from rayfl import config, registry
 from rayfl.config import Config
-from rayfl.schema import describe_fields
+from rayfl.schema import ConfigError, describe_fields
+from rayfl.transforms import REGISTRY
 
 #: the config key naming each kind of component -> that kind
 NAMING_KEYS = {key: kind for kind, key in registry.KEYS.items()}
@@ -65,9 +69,7 @@ FedYogi, FedAdagrad: the client-average target fed to the server optimiser) and 
 
 def combinations() -> str:
     """The generated accept/refuse table of option combinations, with each refusal's reason."""
-    from rayfl import config
     from rayfl.algorithms import registry
-    from rayfl.schema import ConfigError
 
     head = ["algorithm", "auto =", *[title for title, _ in PROBES]]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -123,9 +125,6 @@ to test them (`attackers` per round in metrics.parquet).
 
 def optional_sections() -> list[str]:
     """Key tables of the sections that are null by default (``privacy``, ``compression``)."""
-    import dataclasses
-    from typing import get_args, get_type_hints
-
     hints = get_type_hints(Config)
     rows = []
     for name in OPTIONAL_SECTIONS:
@@ -137,9 +136,6 @@ def optional_sections() -> list[str]:
 
 def _expand(rows, section, prefix: str):
     """``describe_fields`` rows with optional nested sections listed key by key."""
-    import dataclasses
-    from typing import get_args, get_type_hints
-
     out = []
     hints = get_type_hints(section)
     for row in rows:
@@ -154,8 +150,6 @@ def _expand(rows, section, prefix: str):
 
 def transform_reference() -> list[str]:
     """One table per registered aggregation transform."""
-    from rayfl.transforms import REGISTRY
-
     rows = [TRANSFORMS_INTRO]
     for name, cls in sorted(REGISTRY.items()):
         doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")

@@ -19,7 +19,11 @@ import re
 import sys
 import traceback
 
+import ray
+
+from rayfl import config as config_mod
 from rayfl.contract import ComponentError, _is_user_frame
+from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.storage import CheckpointError
 from rayfl.schema import ConfigError
 
@@ -41,8 +45,6 @@ _QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*: )")  # package.mo
 
 def remote_cause(e: BaseException) -> BaseException:
     """The exception an actor raised, through every ``RayTaskError`` around it."""
-    import ray
-
     while isinstance(e, ray.exceptions.RayTaskError) and getattr(e, "cause", None) is not None:
         e = e.cause
     return e
@@ -86,9 +88,6 @@ def user_frames_of(text: str) -> str:
 
 def checkpointed(run_dir: str) -> bool:
     """Whether the run in ``run_dir`` has a checkpoint to continue from."""
-    from rayfl import config as config_mod
-    from rayfl.runtime import checkpoint, storage
-
     try:
         cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
         return checkpoint.exists(storage.run_location(cfg, run_dir))

@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from rayfl import algorithms, rundir
 from rayfl import config as config_mod
@@ -117,9 +119,6 @@ def _copy_prefix(source, source_dir: str, cfg, run_dir: str, ck: dict) -> None:
     for round_ in sorted({int(v) for v in versions[versions >= 0]}):  # their rounds' messages
         if src_state.exists(message_name(round_)):
             dst_state.write(message_name(round_), src_state.read(message_name(round_)))
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     for name in ("metrics.parquet", "client_eval.parquet"):  # rows of rounds 1..N
         path = os.path.join(source_dir, name)
         if os.path.isfile(path):

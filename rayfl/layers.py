@@ -33,10 +33,19 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec
+from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_as
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
-                            returned_vector)
+from rayfl.contract import (
+    Lent,
+    calling,
+    describe,
+    expect,
+    name_of,
+    returned,
+    returned_metrics,
+    returned_vector,
+)
+from rayfl.runtime import checkpoint
 from rayfl.schema import NoParams
 
 
@@ -186,8 +195,6 @@ class Layer:
 def declaration_problem(cls: type) -> str | None:
     """What is wrong with what a layer class declares of itself (its traits record, how it is
     built), or None."""
-    from rayfl.algorithms.base import built_as
-
     if not isinstance(cls.traits, LayerTraits):
         return (f"a layer whose traits is a LayerTraits record (rayfl.layers.LayerTraits(...)); "
                 f"its traits is {describe(cls.traits)}")
@@ -335,8 +342,6 @@ def tensors(value: Any, component: str, what: str, round: int | None = None) -> 
 def unencodable(value: Any, where: str = "") -> str | None:
     """What in ``value`` a checkpoint cannot hold (None: nothing); a slot's dataclass field by
     field."""
-    from rayfl.runtime import checkpoint
-
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return next((p for f in dataclasses.fields(value)
                      if (p := unencodable(getattr(value, f.name), f"{where}.{f.name}"))), None)

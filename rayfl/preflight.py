@@ -41,11 +41,16 @@ from typing import Iterator
 
 import numpy as np
 import torch
+from ray import cloudpickle
 
 from rayfl import registry, rng
+from rayfl.availability import run_sampler
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
 from rayfl.runtime import executor_kind
+from rayfl.runtime.client_actor import ClientWorker, WorkerParts
+from rayfl.runtime.executors import Hosting, InProcessExecutor
+from rayfl.runtime.loop import RoundLoop, merge
 from rayfl.schema import ConfigError
 
 
@@ -94,9 +99,6 @@ def run(cfg, handle, stack, executor) -> None:
 def _build_executor(cfg, handle, executor) -> None:
     """A user's executor built once on a stack of its own, its client state in a scratch
     directory: ``build`` must return an object answering every call of the runtime."""
-    from rayfl.runtime.client_actor import WorkerParts
-    from rayfl.runtime.executors import Hosting
-
     with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp:
         executor_kind.built(executor, Hosting(WorkerParts.of(cfg, handle.num_clients), handle,
                                               tmp, cfg.runtime, handle.sizes()))
@@ -104,10 +106,6 @@ def _build_executor(cfg, handle, executor) -> None:
 
 def _worker(cfg, handle, state_root: str):
     """A client worker on the CPU of this process, its client state under ``state_root``."""
-    from rayfl.runtime.client_actor import ClientWorker
-
-    from rayfl.runtime.client_actor import WorkerParts
-
     cpu = dataclasses.replace(WorkerParts.of(cfg, handle.num_clients), gpus=0.0)
     return ClientWorker(cpu, handle, state_root, cfg.runtime.state_memory_mb * 2**20)
 
@@ -115,8 +113,6 @@ def _worker(cfg, handle, state_root: str):
 def _plan_first_round(cfg, handle, worker) -> None:
     """The availability model and the selector plan round 1 (t = 0) over the real population;
     then the selector's state is checked to fit a checkpoint."""
-    from rayfl.availability import run_sampler
-
     w = worker.model.w
     sampler = run_sampler(cfg, handle, worker.stack, w)
     losses = None
@@ -142,9 +138,6 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> bool:
     broadcast, its client procedure, the client-side transforms; then what it sent beside the
     upload, held to the privacy mechanism's account. Whether the client's code drew from
     torch's generator (seeded for the client before it ran: drawing moved it on)."""
-    from rayfl.runtime.executors import InProcessExecutor
-    from rayfl.runtime.loop import RoundLoop, merge
-
     sizes, client = handle.sizes(), np.array([client_id])
     stack, model = worker.stack, worker.model
     loop = RoundLoop(stack, InProcessExecutor(worker), sizes, 1, worker.messages)
@@ -183,8 +176,6 @@ def _sendable(cfg, stack) -> None:
     """Ray sends the config (its sections carry the user's components) and the built layers
     to its workers: each of the user's must pickle, or a ConfigError names its key before
     the run directory exists (not a failure inside Ray after it)."""
-    from ray import cloudpickle
-
     sections = _sections(cfg)
     if not sections:
         return

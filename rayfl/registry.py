@@ -24,8 +24,14 @@ import dataclasses
 import importlib
 import os
 import sys
+import typing
 from typing import Any, Callable, ClassVar, TypeVar, Union
 
+from rayfl import schema
+from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.base import declaration_problem as algorithm_problem
+from rayfl.layers import Layer
+from rayfl.layers import declaration_problem as layer_problem
 from rayfl.schema import ConfigError
 from rayfl.suggest import no_such_key
 
@@ -236,11 +242,6 @@ def _declared(kind: str, obj: Any) -> str | None:
     """What is wrong with what an algorithm, a wrapper or an executor class declares of itself
     (its traits, how it is built), or None; other kinds and objects of another base are checked
     where a config names them."""
-    from rayfl.algorithms.base import Algorithm
-    from rayfl.algorithms.base import declaration_problem as algorithm_problem
-    from rayfl.layers import Layer
-    from rayfl.layers import declaration_problem as layer_problem
-
     if kind == "algorithm" and isinstance(obj, type) and issubclass(obj, Algorithm):
         return algorithm_problem(obj)
     if kind == "wrapper" and isinstance(obj, type) and issubclass(obj, Layer):
@@ -303,8 +304,6 @@ class Named:
     def schema_build(cls, data: Any, prefix: str) -> Any:
         """The section from a mapping: its own keys, plus the named component's ``Params``
         keys (validated into ``params``); a key that is neither is an error listing both."""
-        from rayfl import schema
-
         if not isinstance(data, (dict, type(None))):
             raise ConfigError(prefix, data, "a mapping")
         data = dict(data or {})
@@ -393,8 +392,6 @@ def _loosened(params: type) -> str | None:
 
 def _hints(cls: type) -> dict:
     """``cls``'s annotations resolved (empty when they cannot be: compared as written)."""
-    import typing
-
     try:
         return typing.get_type_hints(cls)
     except Exception:  # noqa: BLE001 - a name the annotation's module lacks

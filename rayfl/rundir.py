@@ -9,12 +9,19 @@ starts, records every config value that can change results, so ``resume`` refuse
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import fcntl
 import hashlib
 import json
 import os
+import tempfile
+import typing
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rayfl.config import Config
 from rayfl.schema import ConfigError
 
 LOCK = ".lock"
@@ -62,8 +69,6 @@ def check_creatable(path: str, key: str) -> str:
     """``path`` is a directory or can be made one: its nearest existing ancestor is a directory
     in which this process can really create an entry (a probe directory, removed at once: the
     permission bits do not tell, e.g. for root under /proc). Returns that ancestor."""
-    import tempfile
-
     full = os.path.abspath(path)
     if os.path.isdir(full):
         parent, probe = full, True
@@ -188,11 +193,6 @@ def started_with(run_dir: str) -> dict | None:
 def default_of(key: str):
     """The default of a dotted run-config key (a key added by a later rayfl version, absent from
     an older run's fingerprint, counts as unchanged at its default); a sentinel for none."""
-    import dataclasses
-    import typing
-
-    from rayfl.config import Config
-
     node: typing.Any = Config
     for part in key.split("."):
         fields = {f.name: f for f in dataclasses.fields(node)} if dataclasses.is_dataclass(node) \
@@ -218,9 +218,6 @@ _NO_DEFAULT = object()
 
 def check_metrics(run_dir: str) -> None:
     """A run to resume has a readable ``metrics.parquet`` (or none yet)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     path = os.path.join(run_dir, "metrics.parquet")
     if not os.path.exists(path):
         return

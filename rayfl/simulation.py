@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -14,25 +15,36 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import ray
 
+from rayfl import algorithms, compat, failures, registry, rundir
 from rayfl import config as config_mod
-from rayfl import algorithms, compat, failures, registry
 from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
-from rayfl import rundir
+from rayfl.availability import check_files
 from rayfl.config import Config, ConfigError
 from rayfl.contract import own_exits
-from rayfl.failures import RunStopped
 from rayfl.data import prepare
 from rayfl.data.regime import check_regime
+from rayfl.failures import RunStopped
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
-from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
-                                    sigterm_as_interrupt)
+from rayfl.metrics.progress import (
+    Eta,
+    empty_note,
+    endpoints_line,
+    hms,
+    resume_hint,
+    sigterm_as_interrupt,
+)
 from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
-from rayfl.runtime.storage import StorageError
+from rayfl.runtime.client_actor import ClientActor, WorkerParts
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
+from rayfl.runtime.executors import ActorsLost
+from rayfl.runtime.placement import on_driver_node
+from rayfl.runtime.server import Server, ServerActor
+from rayfl.runtime.storage import StorageError
 from rayfl.transforms import check_data
 
 
@@ -83,12 +95,6 @@ def _check_local_ray(cfg: Config) -> None:
 
 
 def _start(cfg: Config, handle, stack, executor, run_dir: str, resume: bool):
-    import ray
-
-    from rayfl.runtime.client_actor import ClientActor, WorkerParts
-    from rayfl.runtime.placement import on_driver_node
-    from rayfl.runtime.server import ServerActor
-
     rt = cfg.runtime
     tag = os.path.basename(run_dir)
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
@@ -124,10 +130,6 @@ def _write_failed(e: Exception, run_dir: str) -> RunStopped:
 
 def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
             max_rounds: int | None, on_round) -> dict:
-    import ray
-
-    from rayfl.runtime.executors import ActorsLost
-
     ref = server.run.remote(max_rounds)
     seen, stopping, started, eta = 0, False, False, Eta()
     while True:
@@ -191,8 +193,6 @@ def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, 
               max_rounds: int | None, on_round) -> dict:
     """The whole run in this process (an executor not ``on_ray``: in-process, threads): no
     Ray at all."""
-    from rayfl.runtime.server import Server
-
     eta = Eta()
 
     def show(info: dict) -> bool:
@@ -255,8 +255,6 @@ def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, q
 
 def load_result(run_dir: str) -> RunResult:
     """A :class:`RunResult` read back from a finished run directory."""
-    import json
-
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     return RunResult(run_dir, pq.read_table(os.path.join(run_dir, "metrics.parquet")), summary,
@@ -284,8 +282,6 @@ def preflight(cfg: Config) -> Parts:
     """The partition store, checked against the model, the layers and the availability files,
     and the user's components run once (:mod:`rayfl.preflight`), before anything is written;
     the run's :class:`Parts`."""
-    from rayfl.availability import check_files
-
     # the user's sys.exit or KeyboardInterrupt: their error; the caller's generators and torch
     # threads as they were
     with own_exits(), user_preflight.untouched_globals():

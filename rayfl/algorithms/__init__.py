@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from rayfl.algorithms.base import Algorithm
+from rayfl.contract import ComponentError, calling, describe, expect, name_of
+from rayfl.schema import ConfigError
 
 
 def build(cfg, num_clients: int):
@@ -11,7 +13,6 @@ def build(cfg, num_clients: int):
     from rayfl.algorithms import registry
     from rayfl.algorithms.checks import effective_weighting
     from rayfl.algorithms.wrapper import wrappers_of
-    from rayfl.contract import calling, name_of
     from rayfl.layers import Facts, Stack
     from rayfl.transforms import transforms_of
 
@@ -36,8 +37,6 @@ def server_opt_of(section, lr: float):
     :class:`~rayfl.algorithms.server_opt.ServerOpt` (one ComponentError line otherwise; a
     ConfigError on ``server_opt.name`` when what it names cannot be called so)."""
     from rayfl.algorithms.server_opt import ServerOpt
-    from rayfl.contract import ComponentError, calling, describe, expect, name_of
-    from rayfl.schema import ConfigError
 
     component = section.component()
     where = name_of(component)

@@ -40,6 +40,7 @@ that needs the round's aggregate, applied when the client next takes part: ProxS
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Mapping
@@ -48,6 +49,16 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import server_opt as opt
+from rayfl.contract import (
+    Lent,
+    calling,
+    describe,
+    expect,
+    name_of,
+    returned,
+    returned_metrics,
+    returned_vector,
+)
 
 Vec = torch.Tensor
 
@@ -235,8 +246,6 @@ class ServerRound:
     def step(self, direction: Vec, x: Vec | None = None) -> Vec:
         """x − opt(direction) (x: the round's model unless given); the optimiser's state and
         metrics are updated."""
-        from rayfl.contract import (Lent, calling, expect, name_of, returned, returned_metrics,
-                                    returned_vector)
         from rayfl.layers import unencodable
 
         name = name_of(self.optimizer.update)
@@ -344,8 +353,6 @@ def check_client_state(algorithm: Algorithm, state: dict, dim: int) -> str | Non
     """What is wrong with a client's returned ``state`` against the algorithm's declaration
     (``dim``: the model's parameter count), or None: an entry it does not declare, or one of
     another shape than declared."""
-    from rayfl.contract import describe
-
     if not isinstance(state, dict):
         return f"returned a state that is {_shape(state)}, not a dict of declared entries"
     declared = algorithm.traits.client_state
@@ -373,8 +380,6 @@ def declaration_problem(cls: type) -> str | None:
     """What is wrong with what an algorithm class declares of itself (its traits record, the
     kinds of its client-state entries, its capabilities and the methods each one means), or
     None; said where the run is configured, before anything starts."""
-    from rayfl.contract import describe
-
     traits = cls.traits
     if not isinstance(traits, Traits):
         return (f"an algorithm whose traits is a Traits record (dataclasses.replace(Parent."
@@ -401,8 +406,6 @@ def declaration_problem(cls: type) -> str | None:
 def built_as(cls: type, what: str, call: str, *args: Any, **kwargs: Any) -> str | None:
     """Why ``cls(*args, **kwargs)``, the call rayfl builds ``what`` with (``call`` in words),
     does not fit the class's ``__init__`` (None: it fits)."""
-    import inspect
-
     try:
         inspect.signature(cls).bind(*args, **kwargs)
     except TypeError as e:

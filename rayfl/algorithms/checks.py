@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from rayfl.algorithms import registry
+from rayfl.models.flat import Layout
+
 
 def effective_weighting(cls: Any, cfg: Any) -> str:
     """What ``aggregation.weighting`` means for ``cls``: ``auto`` is uniform under ``privacy``
@@ -24,7 +27,4 @@ def check_model(cfg: Any, module: Any, handle: Any) -> None:
     """ConfigError when the algorithm names a parameter group ``module`` does not have
     (FedPer's personal layers, FedBN's normalisation layers) or needs data the partition behind
     ``handle`` lacks (FedProto's one class per row)."""
-    from rayfl.algorithms import registry
-    from rayfl.models.flat import Layout
-
     registry.get(cfg.algorithm.name).check_model(cfg.algorithm.params, Layout.of(module), handle)

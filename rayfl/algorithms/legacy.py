@@ -12,6 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from rayfl.algorithms.base import Algorithm
+from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.schema import ConfigError
 
 #: an algorithm's 0.1 name -> what replaces it in 0.2
@@ -68,9 +70,6 @@ def _arity(fn: Any) -> int:
 def check(cfg: Any) -> None:
     """ConfigError on ``algorithm.name`` or ``wrappers[i].name`` when the component is written
     against rayfl 0.1's interface, naming the first 0.1 name and its replacement."""
-    from rayfl.algorithms.base import Algorithm
-    from rayfl.algorithms.wrapper import ServerWrapper
-
     cls = cfg.algorithm.component()
     if isinstance(cls, type) and issubclass(cls, Algorithm):
         _refuse("algorithm.name", cfg.algorithm.name, _old_names(cls, ALGORITHM, Algorithm),

@@ -14,8 +14,18 @@ import json
 import os
 import sys
 
+from rayfl.analysis import decomposition, drift, landscape, plots, presets
 from rayfl.analysis.drift import REGIMES
+from rayfl.analysis.evaluate import select_data
 from rayfl.analysis.presets import INTERPOLATIONS, PLANES
+from rayfl.analysis.rundir import RunDir
+from rayfl.metrics.files import strict, write_json, write_parquet
+from rayfl.models import build_for
+from rayfl.models.flat import persistent_buffers
+from rayfl.rundir import check_creatable
+from rayfl.runtime.cluster import connect_ray
+from rayfl.schema import ConfigError
+from rayfl.simulation import preflight
 
 
 def _eval_args(p: argparse.ArgumentParser) -> None:
@@ -87,16 +97,12 @@ def _say(text: str) -> None:
 def _out(run, out: str | None) -> str:
     """Where a command writes — ``--out`` or ``<run_dir>/analysis`` — checked but not yet made:
     :func:`_write` makes it with the first result, so a refused command leaves no folder."""
-    from rayfl.rundir import check_creatable
-
     path = out or os.path.join(run.path, "analysis")
     check_creatable(path, "--out")
     return path
 
 
 def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -> None:
-    from rayfl.metrics.files import write_json, write_parquet
-
     os.makedirs(out, exist_ok=True)
     write_json(summary, os.path.join(out, f"{stem}.json"))
     _say(f"wrote {os.path.join(out, stem)}.json")
@@ -106,13 +112,6 @@ def _write(out: str, stem: str, summary: dict, rows: list[dict] | None = None) -
 
 
 def _setup(args):
-    from rayfl.analysis.evaluate import select_data
-    from rayfl.analysis.rundir import RunDir
-    from rayfl.models import build_for
-    from rayfl.models.flat import persistent_buffers
-    from rayfl.runtime.cluster import connect_ray
-    from rayfl.schema import ConfigError
-
     run = RunDir(args.run_dir)
     out = _out(run, args.out)
     if persistent_buffers(build_for(run.cfg.model, run.handle)):
@@ -125,8 +124,6 @@ def _setup(args):
 
 
 def _interpolate(args) -> dict:
-    from rayfl.analysis import landscape, plots, presets
-
     run, data, bs, out = _setup(args)
     if args.models:
         tag, (w1, w2) = "custom", [run.model(s) for s in args.models]
@@ -141,8 +138,6 @@ def _interpolate(args) -> dict:
 
 
 def _ids(text: str | None, key: str) -> list[int] | None:
-    from rayfl.schema import ConfigError
-
     try:
         return None if text is None else [int(v) for v in text.split(",")]
     except ValueError:
@@ -150,8 +145,6 @@ def _ids(text: str | None, key: str) -> list[int] | None:
 
 
 def _plane(args) -> dict:
-    from rayfl.analysis import landscape, plots, presets
-
     run, data, bs, out = _setup(args)
     marks = [run.model(s) for s in args.mark]
     if args.models:
@@ -171,8 +164,6 @@ def _plane(args) -> dict:
 
 
 def _decompose(args) -> dict:
-    from rayfl.analysis import decomposition, plots
-
     run, data, bs, out = _setup(args)
     rounds = [run.round_of(t, "--rounds") for t in _ids(args.rounds, "--rounds") or []] \
         or run.need_rounds(1, "`rayfl analyze decompose`")
@@ -191,13 +182,8 @@ def _decompose(args) -> dict:
 
 
 def _drift(args) -> dict:
-    from rayfl.analysis import drift, plots
-    from rayfl.analysis.rundir import RunDir
-
     run = RunDir(args.run_dir)
     out = _out(run, args.out)
-    from rayfl.schema import ConfigError
-
     metrics = run.metrics()
     if not metrics:
         raise ConfigError("run_dir", run.path, "a run with at least one round in metrics.parquet")
@@ -210,11 +196,6 @@ def _drift(args) -> dict:
 
 
 def _regimes(args) -> dict:
-    from rayfl.analysis import drift, plots
-    from rayfl.rundir import check_creatable
-    from rayfl.schema import ConfigError
-    from rayfl.simulation import preflight
-
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
     bad = [r for r in regimes if r not in REGIMES]
     if bad or not regimes:
@@ -271,7 +252,5 @@ def _value(v) -> str:
 def run_command(args) -> int:
     """Run ``rayfl analyze <args.analysis>`` and print its summary (readable lines; the same
     numbers are in the command's strict JSON file)."""
-    from rayfl.metrics.files import strict
-
     print("\n".join(readable(strict(COMMANDS[args.analysis](args)))))
     return 0

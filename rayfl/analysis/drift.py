@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from rayfl import config as config_mod
+from rayfl.simulation import run
 
 DRIFT_COLUMNS = ("update_norm", "client_drift", "period_drift")
 REGIMES = ("iid", "period_only", "client_only", "both")
@@ -48,8 +49,6 @@ def run_regimes(configs: dict, out_dir: str | None = None,
                 quiet: bool = False) -> tuple[str, dict]:
     """Run every regime's config (from :func:`regime_configs`) into ``out_dir/<regime>``;
     returns (out_dir, {regime: metrics rows})."""
-    from rayfl.simulation import run
-
     first = next(iter(configs.values()))
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join(first.output_dir, f"drift-{first.name}-{stamp}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rayfl.algorithms.wrapper import label
 from rayfl.schema import ConfigError
 
 if TYPE_CHECKING:
@@ -21,8 +22,6 @@ def _fma(run, t: int) -> Model:
 
 
 def _deployed(run, t: int) -> Model:
-    from rayfl.algorithms.wrapper import label
-
     return f"{label(run.cfg)} r{t}", run.load("global", t)
 
 

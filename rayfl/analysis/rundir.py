@@ -18,6 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from rayfl import config as config_mod
+from rayfl.algorithms.wrapper import wrapper_classes
 from rayfl.data import prepare
 from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
@@ -79,8 +80,6 @@ class RunDir:
     def inner_model(self) -> str | None:
         """The kept model holding the output inside the outermost server wrapper that keeps
         one (its ``inner_model``: IMA's ``ima_inner``); None without such a wrapper."""
-        from rayfl.algorithms.wrapper import wrapper_classes
-
         names = [cls.traits.inner_model for _, cls, _ in wrapper_classes(self.cfg)
                  if cls.traits.inner_model]
         return names[-1] if names else None

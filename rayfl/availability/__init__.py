@@ -7,6 +7,7 @@ from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.labels import LabelStats
 from rayfl.availability.sampler import Sampler
 from rayfl.contract import calling, name_of
+from rayfl.runtime.local import spec_from_config
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
@@ -33,8 +34,6 @@ def run_sampler(cfg, handle, stack, w) -> Sampler:
     """The run's round planner, the same for the server and the pre-flight: ``cfg`` the run's
     config (its availability, selection, local and privacy sections), ``stack`` its layers
     (what a client uploads), ``w`` the model's flat parameters (what is sent down)."""
-    from rayfl.runtime.local import spec_from_config
-
     poisson = cfg.privacy is not None and cfg.privacy.sampling == "poisson"
     size = w.element_size()
     return make_sampler(

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from rayfl import safe_pickle
 from rayfl.availability.base import READ_ERRORS, AvailabilityModel, one_line
+from rayfl.availability.config import TRACE_SUFFIXES, check_file
 from rayfl.schema import ConfigError
 
 KEY = "availability.trace_path"
@@ -42,8 +43,6 @@ class Trace(AvailabilityModel):
     @staticmethod
     def check_section(cfg, prefix: str) -> None:
         """``trace_path`` names an existing trace file."""
-        from rayfl.availability.config import TRACE_SUFFIXES, check_file
-
         if cfg.trace_path is None:
             raise ConfigError(f"{prefix}.trace_path", None, "a trace file when "
                               f"{prefix}.model is 'trace'")

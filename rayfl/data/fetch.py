@@ -34,12 +34,28 @@ import urllib.parse
 import zipfile
 from typing import TYPE_CHECKING, Optional
 
+from rayfl import registry
 from rayfl.data import fetch_unpack
-from rayfl.data.fetch_download import (Expected, FetchError, Resumable, disk_error, download,
-                                       expected_of, verify)
-from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, File, Source,
-                                      default_folder, url_of)
+from rayfl.data.fetch_download import (
+    Expected,
+    FetchError,
+    Resumable,
+    disk_error,
+    download,
+    expected_of,
+    verify,
+)
+from rayfl.data.fetch_sources import (
+    MIRROR_ENV,
+    NOT_FETCHED,
+    SOURCES,
+    File,
+    Source,
+    default_folder,
+    url_of,
+)
 from rayfl.schema import ConfigError
+from rayfl.usage import OneLineParser
 
 if TYPE_CHECKING:
     from rayfl.data.config import DataConfig
@@ -60,8 +76,6 @@ def source_of(name: str, key: str = "NAME") -> Source:
 
 def not_fetched_reason(name: str) -> str:
     """Why a dataset name is not fetched."""
-    from rayfl import registry
-
     if name in NOT_FETCHED:
         return NOT_FETCHED[name]
     if registry.is_builtin("dataset", name):
@@ -371,8 +385,6 @@ def listing() -> list[str]:
 
 def parser() -> argparse.ArgumentParser:
     """The parser of ``rayfl data fetch``."""
-    from rayfl.usage import OneLineParser
-
     p = OneLineParser(
         prog="rayfl data fetch",
         description="Download a built-in dataset from its canonical URL, check its size and "

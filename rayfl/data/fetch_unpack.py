@@ -22,6 +22,8 @@ import zipfile
 
 import numpy as np
 
+from rayfl.data.datasets.tff import parse_example
+
 CHUNK = 1 << 20
 SENT140_FILES = (("training.1600000.processed.noemoticon.csv", "training"),
                  ("testdata.manual.2009.06.14.csv", "test"))
@@ -138,8 +140,6 @@ def femnist(archive: str, folder: str) -> None:
 def _femnist_writers(database: str) -> dict[str, dict[str, tuple[list[bytes], list[int]]]]:
     """split -> writer -> (uint8 pixels k of each image (k/255 in TFF's floats), labels), in
     the file's order."""
-    from rayfl.data.datasets.tff import parse_example
-
     out = {split: {} for split in FEMNIST_SPLITS.values()}
     con = sqlite3.connect(f"file:{database}?mode=ro", uri=True)
     try:

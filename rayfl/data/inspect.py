@@ -9,9 +9,9 @@ import os
 
 import numpy as np
 
-from rayfl.rng import SAMPLE, stream
-
 from rayfl.data.regime import regime_rows
+from rayfl.data.table import client_table, head_lines, write_table
+from rayfl.rng import SAMPLE, stream
 
 CHUNK = 1 << 16  # clients per bincount block (bounds the clients × classes scratch)
 
@@ -127,7 +127,6 @@ def report(cfg, out_dir: str, rounds: int | None = None, max_clients: int = 100,
     ``table_path``); returns the printed lines, the first ``first_clients`` clients' rows
     among them."""
     from rayfl.data import prepare
-    from rayfl.data.table import client_table, head_lines, write_table
 
     handle = prepare(cfg.data, cfg.seed)
     reader = handle.open()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import glob
 import hashlib
+import inspect
 import os
 import sys
 from collections.abc import Iterable
@@ -76,8 +77,6 @@ def build_code() -> str:
 def module_code(component: Any) -> str:
     """sha256 of the file of the module defining a user's ``component`` (the object's own
     source when it has no file, e.g. defined in a notebook; empty when neither is known)."""
-    import inspect
-
     module = component if inspect.ismodule(component) else \
         sys.modules.get(getattr(component, "__module__", None) or "")
     path = getattr(module, "__file__", None)

@@ -45,6 +45,7 @@ from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
 from rayfl.data.datasets import READ_ERRORS
 from rayfl.data.holdout import carve
+from rayfl.data.regime import RoundData
 from rayfl.schema import ConfigError
 
 FORMAT_VERSION = 2
@@ -402,8 +403,6 @@ class DataReader:
     def round(self, t: int, round_clients) -> "RoundData":  # noqa: F821 (imported in the body)
         """The rows of each client in round ``t`` (``round_clients``: every client dispatched
         that round, which a drift regime re-splits among them; see :mod:`rayfl.data.regime`)."""
-        from rayfl.data.regime import RoundData
-
         return RoundData(self, t, round_clients)
 
     def validation(self) -> tuple[np.ndarray, np.ndarray]:

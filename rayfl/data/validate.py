@@ -15,6 +15,8 @@ import numbers
 
 import numpy as np
 
+from rayfl.contract import describe
+
 KINDS = ("dense", "ids", "tokens")
 CHUNK = 1 << 22  # values checked for finiteness at a time (bounds the boolean scratch)
 
@@ -30,8 +32,6 @@ def _first_bad(values: np.ndarray, bad: np.ndarray) -> str:
 
 
 def _arrays(a) -> str | None:
-    from rayfl.contract import describe
-
     for name in ("x_train", "y_train", "x_test", "y_test"):
         v = getattr(a, name)
         if not isinstance(v, np.ndarray):

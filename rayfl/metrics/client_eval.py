@@ -15,6 +15,8 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 
+from rayfl.metrics.files import write_parquet
+from rayfl.metrics.plots import MaxNLocator, evaluated, figure
 from rayfl.metrics.tables import read_rows
 
 STATS = ("mean", "p10", "p50", "p90", "worst10")
@@ -68,8 +70,6 @@ class ClientEvalLog:
                          if r["round"] <= last_round]
 
     def flush(self) -> None:
-        from rayfl.metrics.files import write_parquet
-
         write_parquet(self.rows, self.path)
 
 
@@ -79,8 +79,6 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
     percentile bands (fine-tuned too when present), the global test accuracy for reference;
     right: histogram of the clients' accuracies at the last evaluation. False if nothing to
     draw (per-client evaluation off)."""
-    from rayfl.metrics.plots import MaxNLocator, evaluated, figure
-
     evals = [r for r in rows if r.get("client_accuracy_mean") is not None]
     if not evals:
         return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Optional
 
@@ -56,8 +57,6 @@ class LoggersConfig:
                                                        "name)")
 
     def check(self, prefix: str) -> None:
-        import importlib.util
-
         for key, module in (("tensorboard", "tensorboardX"), ("mlflow", "mlflow")):
             if getattr(self, key) and importlib.util.find_spec(module) is None:
                 raise ConfigError(f"{prefix}.{key}", True, f"the {module} package installed "

@@ -15,9 +15,13 @@ import ray
 
 from rayfl.algorithms import wrapper
 from rayfl.availability.empty import is_empty
+from rayfl.availability.plots import plot_online
 from rayfl.metrics import provenance
+from rayfl.metrics.client_eval import plot_run_clients
 from rayfl.metrics.files import _plain, write_json, write_parquet
 from rayfl.metrics.live import LiveMetrics
+from rayfl.metrics.loggers import open_loggers
+from rayfl.metrics.plots import plot_accuracy
 from rayfl.models import sha256_of
 from rayfl.privacy.statement import statement
 
@@ -30,8 +34,6 @@ class MetricsLog:
         self.path = os.path.join(run_dir, "metrics.parquet")
         self.rows: list[dict] = []
         self.live = LiveMetrics(cfg.name) if ray.is_initialized() else None  # Ray's gauges
-        from rayfl.metrics.loggers import open_loggers
-
         self.loggers = open_loggers(run_dir, cfg)
 
     def truncate(self, last_t: int) -> None:
@@ -82,10 +84,6 @@ class MetricsLog:
         summary.update(extra or {})
         summary["provenance"] = provenance.load(self.run_dir)
         write_json(summary, os.path.join(self.run_dir, "summary.json"))
-        from rayfl.availability.plots import plot_online
-        from rayfl.metrics.client_eval import plot_run_clients
-        from rayfl.metrics.plots import plot_accuracy
-
         plot_accuracy({summary["algorithm"]: self.rows},
                       os.path.join(self.run_dir, "accuracy.png"),
                       title=f"{os.path.basename(self.run_dir)}: {summary['algorithm']} on "

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import os
 
+from rayfl.config import to_dict
+
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_RUN_ID = "mlflow_run_id"
 
@@ -61,8 +63,6 @@ class MLflowLogger:
     def __init__(self, run_dir: str, cfg):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the local ``mlruns`` store
         from mlflow import MlflowClient
-
-        from rayfl.config import to_dict
 
         # default: next to the run directory (<output_dir>/mlruns), resolved from run_dir,
         # which is absolute, since this actor's cwd need not be the user's

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import datetime as _dt
+import signal
 import sys
+import threading
 from collections import deque
+
+import ray
 
 ETA_WINDOW = 10  # rounds the ETA averages over
 
@@ -48,8 +52,6 @@ def hms(seconds: float) -> str:
 
 def endpoints_line() -> str:
     """Where to watch the run: the Ray dashboard URL (if running) and Prometheus endpoints."""
-    import ray
-
     parts = []
     try:
         url = ray._private.worker.global_worker.node.webui_url
@@ -76,9 +78,6 @@ def sigterm_as_interrupt():
     after ``ray.init``, which installs those handlers; returns the previous handler. Only in
     the user's process: off the main thread (signals cannot be handled there) and inside Ray
     tasks (a tuning trial, which Ray itself stops) it does nothing and returns None."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
     ray = sys.modules.get("ray")

@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 
+from rayfl.config import to_dict
 from rayfl.metrics.files import write_json
 
 PROVENANCE = "provenance.json"
@@ -42,8 +43,6 @@ def git_commit(path: str) -> str | None:
 
 def config_hash(cfg) -> str:
     """sha256 of the resolved config as canonical JSON (sorted keys)."""
-    from rayfl.config import to_dict
-
     text = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -15,6 +15,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
+import numpy as np
+import torch
+from torch import nn
+
 from rayfl import registry
 from rayfl.contract import ComponentError, Lent, calling, describe, name_of, user_frames
 from rayfl.models.flat import FlatModel, sha256_of
@@ -74,8 +78,6 @@ def build_for(model_cfg, handle):
 def add_projection_head(model, dim: int):
     """Replace ``model``'s classifier (its last ``nn.Linear``, d → C) by MOON's projection head
     and output layer: Linear(d, d), ReLU, Linear(d, ``dim``), then Linear(``dim``, C)."""
-    from torch import nn
-
     linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise ConfigError("model.projection", dim, "null for a model without an nn.Linear "
@@ -106,8 +108,6 @@ def _takes(handle, error: Exception | str) -> str:
 def check_module(model, builder) -> None:
     """What a model builder returns is an ``nn.Module`` with trainable parameters (rayfl trains
     and averages them): a ComponentError naming the builder otherwise."""
-    from torch import nn
-
     if not isinstance(model, nn.Module):
         raise ComponentError(name_of(builder), f"returned {describe(model)}; expected a "
                              "torch.nn.Module")
@@ -132,8 +132,6 @@ def check_fits(model_cfg, handle):
     any), to one finite score per class (per position, for next-token labels) — a ConfigError naming
     ``model.name`` when its shapes do not fit the data, a ComponentError naming the user's
     model when it breaks its contract (a tuple, non-finite scores); returns the model."""
-    import torch
-
     model = build_for(model_cfg, handle)
     if handle.kind != "ids":
         dtype = torch.long if handle.kind == "tokens" else torch.float32
@@ -151,8 +149,6 @@ def check_fits(model_cfg, handle):
 def _real_batch(handle):
     """The first rows of the first client that has any, on the CPU, and what they are; None
     when no client has rows."""
-    import numpy as np
-
     nonempty = np.flatnonzero(handle.sizes())
     if not len(nonempty):
         return None
@@ -165,8 +161,6 @@ def _real_batch(handle):
 def _check_gradient(model_cfg, model, batch, what: str) -> None:
     """The scores depend on the model's trainable parameters (a gradient reaches them): a
     ComponentError naming the model's forward when none does (parameters used detached)."""
-    import torch
-
     forward = _forward_name(model, registry.resolve("model", model_cfg.name))
     with torch.enable_grad(), calling(forward):
         out = model.eval()(batch)
@@ -180,8 +174,6 @@ def _check_scores(model_cfg, model, handle, batch, what: str) -> None:
     """The model maps ``batch`` to a float tensor of one score per class (and position), finite
     where the batch is: a ConfigError naming ``model.name`` for a shape the data does not fit,
     a ComponentError naming the model's forward for a broken contract."""
-    import torch
-
     forward = _forward_name(model, registry.resolve("model", model_cfg.name))
     expected = (len(batch), handle.num_classes) + ((handle.label_len,) if handle.label_len
                                                    else ())
@@ -224,9 +216,6 @@ def check_single_rows(model, handle, batch_size: int) -> None:
     must train on a single sample — BatchNorm over features cannot (torch raises); a
     ConfigError naming ``local.batch_size`` and the nearest sizes that work, instead of a
     failure in the middle of a run."""
-    import numpy as np
-    import torch
-
     if handle.kind == "ids":
         return
     dtype = torch.long if handle.kind == "tokens" else torch.float32
@@ -248,8 +237,6 @@ def check_single_rows(model, handle, batch_size: int) -> None:
 
 def _last_batch_is_one_row(sizes, batch_size: int):
     """Per client: whether its epoch ends on a minibatch of one row."""
-    import numpy as np
-
     last = np.where(sizes % batch_size == 0, batch_size, sizes % batch_size)
     return (sizes > 0) & (last == 1)
 
@@ -257,8 +244,6 @@ def _last_batch_is_one_row(sizes, batch_size: int):
 def _sizes_that_work(sizes, batch_size: int) -> str:
     """The nearest batch sizes below and above ``batch_size`` that leave no client a one-row
     last minibatch (above the largest client every size does, unless a client has one row)."""
-    import numpy as np
-
     distinct = np.unique(sizes[sizes > 0])
     if (distinct == 1).any():
         return ("no batch size does: a client holds a single row (raise data.min_samples or "

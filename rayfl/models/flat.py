@@ -9,6 +9,8 @@ them as one float32 vector, beside the parameters, so they travel, average and c
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import hashlib
 from typing import Iterator
 
 import numpy as np
@@ -155,8 +157,6 @@ class FlatModel:
 
 def sha256_of(flat: np.ndarray) -> str:
     """sha256 of a flat float32 parameter vector's bytes (the run's ``model_sha256``)."""
-    import hashlib
-
     return hashlib.sha256(np.ascontiguousarray(flat, dtype=np.float32).tobytes()).hexdigest()
 
 
@@ -210,8 +210,6 @@ class Layout:
 
     def params_in(self, group: str) -> list[str]:
         """The parameter names of ``group`` (ValueError naming the groups when it is empty)."""
-        import fnmatch
-
         if group == "head":
             chosen = [n for n in self.names if n.rsplit(".", 1)[0] == self.head]
         elif group == "body":

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from rayfl.schema import field
+from rayfl.schema import ConfigError, field
 
 
 class _LSTM(nn.Module):
@@ -120,8 +120,6 @@ class TransformerParams:
 
 
 def _check_transformer(section, prefix: str) -> None:
-    from rayfl.schema import ConfigError
-
     p = section.params
     if p.d_model % p.heads:
         raise ConfigError(f"{prefix}.heads", p.heads, f"a divisor of model.d_model = {p.d_model}")

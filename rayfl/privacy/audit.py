@@ -47,6 +47,7 @@ from scipy import optimize, stats
 
 from rayfl import rng
 from rayfl.metrics.files import write_json
+from rayfl.privacy.accounting import schema_of
 from rayfl.privacy.participation import Participation, Schema
 from rayfl.schema import ConfigError
 
@@ -206,8 +207,6 @@ class Canaries:
         K/N, and the participation schema under dp_ftrl and banded_mf."""
         if not privacy.audit_canaries:
             return None
-        from rayfl.privacy.accounting import schema_of
-
         schema = None if privacy.mechanism == "dp_fedavg" else schema_of(privacy)
         return cls(facts.seed, privacy.audit_canaries, facts.rounds,
                    min(1.0, facts.clients_per_round / facts.num_clients), schema)

@@ -28,9 +28,11 @@ import hashlib
 import io
 import json
 import math
+import os
 import pickle
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 
 from rayfl.runtime.state_store import prune_after, read_state, verify_present
@@ -374,10 +376,6 @@ def _committed_before(location: str, run_dir: str) -> str | None:
     """What shows that the run in ``run_dir`` committed a checkpoint (None: nothing does): a
     kept one; a finished run's summary (its last round always checkpoints); a metrics row whose
     ``checkpoint_s`` timed one (each row times the checkpoint after the round before it)."""
-    import os
-
-    import pyarrow.parquet as pq
-
     if kept_rounds(location):
         return "kept checkpoints are there"
     try:

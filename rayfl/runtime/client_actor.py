@@ -23,17 +23,18 @@ import torch
 
 from rayfl import algorithms
 from rayfl.contract import Lent, calling, name_of
+from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
-from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.runtime import checkpoint
+from rayfl.runtime.client_eval import score_clients
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.training import train_groups
 from rayfl.runtime.local import DeviceIndices, LocalSpec, spec_from_config
 from rayfl.runtime.memory import peak_rss_mb, private_mb
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
+from rayfl.runtime.training import train_groups
 
 
 def in_ray_actor() -> bool:
@@ -220,8 +221,6 @@ class ClientWorker:
         """Per-client evaluation of ``point`` (with its model ``buffers``) on these clients'
         held-out rows (see :func:`~rayfl.runtime.client_eval.score_clients`), and with their
         state ``versions`` of each one's personalised model; writes no client state."""
-        from rayfl.runtime.client_eval import score_clients
-
         w = torch.as_tensor(np.array(point)).to(self.device)
         b = None if buffers is None else torch.as_tensor(np.array(buffers)).to(self.device)
         personal = None

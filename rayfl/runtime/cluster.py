@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import math
 import os
+import socket
+
+import ray
 
 from rayfl import registry
 from rayfl.schema import ConfigError
@@ -48,8 +51,6 @@ def connect_ray(cfg, num_cpus: int | None = None) -> bool:
     call started or joined it (the caller then owns ``ray.shutdown``). A local Ray gets
     ``num_cpus`` or ``runtime.ray_num_cpus`` or the machine's CPUs (at least what the actors
     reserve), ``runtime.ray_num_gpus`` and ``runtime.dashboard``."""
-    import ray
-
     if ray.is_initialized():
         return False
     rt, env = cfg.runtime, runtime_env(cfg)
@@ -74,10 +75,6 @@ def connect_ray(cfg, num_cpus: int | None = None) -> bool:
 def _join(rt, env: dict) -> None:
     """``ray.init`` on ``runtime.address``; an unreachable head is a ConfigError within
     ``runtime.connect_timeout_s``."""
-    import socket
-
-    import ray
-
     target = rt.address.removeprefix("ray://")
     if ":" in target:
         host, port = target.rsplit(":", 1)
@@ -97,8 +94,6 @@ def _join(rt, env: dict) -> None:
 
 def require_actor_resources(cfg) -> None:
     """A ConfigError when the cluster cannot hold the run's client actors."""
-    import ray
-
     rt = cfg.runtime
     have = ray.cluster_resources()
     cpu_need = rt.num_actors * rt.cpus_per_actor

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import ray
 
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
@@ -85,8 +86,6 @@ class RayExecutor:
 
     def __init__(self, actor_names: list[str], sizes: np.ndarray, timeout_s: float | None = None,
                  max_restarts: int = 0, startup_s: float = 0.0):
-        import ray
-
         self.actors = [ray.get_actor(n) for n in actor_names]
         self.sizes, self.timeout_s, self.max_restarts = sizes, timeout_s, max_restarts
         self.startup_s = startup_s
@@ -104,8 +103,6 @@ class RayExecutor:
     def _wait(self, refs: list, owners: list) -> list[dict]:
         """Results of ``refs`` in order, killing (so restarting) owners that exceed the
         deadline."""
-        import ray
-
         pending, deadline = list(refs), self.timeout_s
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=deadline)
@@ -125,8 +122,6 @@ class RayExecutor:
         that trained, its calls combined. When groups fail, the error raised is the lowest
         group's (every lower group is run to know): the one the in-process executor, which
         trains the groups in order, raises."""
-        import ray
-
         queue = heaviest_first(groups, self.sizes)
         bc_ref, clients_ref = ray.put(numpy_tree(bc)), ray.put(round_clients)
         running: dict = {}  # call -> (actor index, group, deadline or None)
@@ -165,8 +160,6 @@ class RayExecutor:
     def _next(self, running: dict):
         """The first call of ``running`` to finish, or None after killing (so restarting) the
         owners of calls past their deadline, which then get ``startup_s`` more."""
-        import ray
-
         deadlines = [d for *_, d in running.values() if d is not None]
         wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
         ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
@@ -182,8 +175,6 @@ class RayExecutor:
     def _kill(self, actor) -> None:
         """Kill a hung actor so Ray restarts it and re-runs its call; ActorsLost past the
         allowance."""
-        import ray
-
         self.restarts += 1
         if self.restarts > self.max_restarts * len(self.actors):
             raise ActorsLost(f"client actors hung {self.restarts} times (over "
@@ -197,8 +188,6 @@ class RayExecutor:
     def _get(self, call, others: list):
         """A finished call's result; the user's ComponentError itself for a failed one (every
         other call read first: Ray logs an error nobody read), ActorsLost for a dead actor."""
-        import ray
-
         try:
             return ray.get(call)
         except ray.exceptions.RayActorError as e:
@@ -220,8 +209,6 @@ class RayExecutor:
                       buffers=None, versions=None) -> np.ndarray:
         """Per-client evaluation, the clients (and their state versions) split evenly over
         the actors."""
-        import ray
-
         point_ref, n = ray.put(point), len(self.actors)
         split = zip(np.array_split(client_ids, n),
                     np.array_split(versions, n) if versions is not None else [None] * n)
@@ -233,8 +220,6 @@ class RayExecutor:
 
     def client_losses(self, point, client_ids, batch_size, buffers=None) -> np.ndarray:
         """Power-of-choice's candidate losses, the clients split evenly over the actors."""
-        import ray
-
         point_ref = ray.put(point)
         busy = [(a, c) for a, c in zip(self.actors, np.array_split(client_ids, len(self.actors)))
                 if len(c)]

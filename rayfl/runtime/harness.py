@@ -21,6 +21,7 @@ from rayfl.layers import ClientState, Layer, ServerState, Stack
 from rayfl.runtime.client_state import decode, encode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.local import GradFn, LocalSpec
+from rayfl.runtime.loop import RoundLoop
 from rayfl.runtime.memory import peak_rss_mb, private_mb
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.training import MemoryStore, train_groups
@@ -74,8 +75,6 @@ def simulate(algorithm: Algorithm, x0: Vec, clients: Sequence[Client], spec: Loc
     ``transforms`` and ``wrappers`` are the layers around the algorithm (:mod:`rayfl.layers`);
     ``server_opt`` its server optimiser (default: the algorithm's own).
     """
-    from rayfl.runtime.loop import RoundLoop
-
     stack = Stack(algorithm, server_opt or algorithm.default_server_opt(), list(wrappers),
                   list(transforms))
     store, messages = MemoryStore(), Messages(None)

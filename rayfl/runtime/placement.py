@@ -8,12 +8,12 @@ that node's disk. Client state and checkpoints go through :mod:`rayfl.runtime.st
 
 from __future__ import annotations
 
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
 
 def on_driver_node() -> dict:
     """``.options(...)`` that pin an actor to the node this process runs on (hard affinity: a
     lost node is an error, never a silent move to another disk)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     node = ray.get_runtime_context().get_node_id()
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=node, soft=False)}

@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from rayfl.contract import ComponentError, calling, describe, name_of
+from rayfl.runtime.checkpoint import unencodable
 
 SHOWN = 5  # offending ids quoted in a message
 
@@ -49,8 +50,6 @@ class CheckedSelector:
 
     def state(self) -> Any:
         """The selector's state, checked to fit in a checkpoint."""
-        from rayfl.runtime.checkpoint import unencodable
-
         name = name_of(self.inner, "state")
         with calling(name, round=self.round):
             value = self.inner.state()

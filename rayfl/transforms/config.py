@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Optional
 
+from rayfl.privacy.rules import check_section
 from rayfl.schema import ConfigError, field
 
 
@@ -160,8 +161,6 @@ class PrivacyConfig:
                "model shows (`rayfl privacy audit RUN_DIR`; 0: none)", lo=0)
 
     def check(self, prefix: str) -> None:
-        from rayfl.privacy.rules import check_section
-
         if self.audit_canaries == 1:
             raise ConfigError(f"{prefix}.audit_canaries", 1, "0 (no audit) or at least 2 (a "
                                                              "Gaussian is fitted to their "

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -34,13 +33,11 @@ from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.contract import ComponentError
 from rayfl.layers import Facts, LayerTraits
-
-if TYPE_CHECKING:
-    from rayfl.privacy.audit import Canaries
-    from rayfl.privacy.banded import BandedNoise
-    from rayfl.privacy.tree import TreeNoise
+from rayfl.privacy import bands_of
+from rayfl.privacy.audit import Canaries
+from rayfl.privacy.banded import BandedNoise, coefficients
+from rayfl.privacy.tree import TreeNoise
 from rayfl.transforms import ClientContext, Transform
-
 
 
 @dataclass(frozen=True)
@@ -100,8 +97,6 @@ class GaussianDP(Transform):
     def declaring(self, privacy) -> "GaussianDP":
         """This mechanism with its privacy section's name, its public reports and the audit's
         canary clients (none when ``audit_canaries`` is 0)."""
-        from rayfl.privacy.audit import Canaries
-
         self.mechanism, self.public_reports = privacy.mechanism, tuple(privacy.public_reports)
         self.canaries = Canaries.of(privacy, self.facts)
         return self
@@ -210,10 +205,6 @@ class CorrelatedDP(GaussianDP):
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "CorrelatedDP":
-        from rayfl.privacy import bands_of
-        from rayfl.privacy.banded import BandedNoise, coefficients
-        from rayfl.privacy.tree import TreeNoise
-
         if privacy.mechanism == "dp_ftrl":
             source = TreeNoise(facts.seed, privacy.restart, privacy.honaker)
         else:

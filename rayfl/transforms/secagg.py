@@ -21,13 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rayfl import schema
+from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.schema import ConfigError
-from rayfl import rng
+from rayfl.algorithms.checks import effective_weighting
 from rayfl.layers import Facts, LayerTraits
+from rayfl.schema import ConfigError
 from rayfl.transforms import Transform
-
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,6 @@ class SecAgg(Transform):
 
     @classmethod
     def check_config(cls, params, cfg, where: str) -> None:
-        from rayfl.algorithms.checks import effective_weighting
-
         weighting = cfg.aggregation.weighting
         if effective_weighting(cfg.algorithm.component(), cfg) != "uniform":
             raise ConfigError("aggregation.weighting", weighting,

@@ -16,9 +16,15 @@ import pickle
 import struct
 import zlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
+
+from rayfl import registry
+from rayfl.contract import ComponentError, calling, describe, expect, name_of
+from rayfl.data.validate import problem
+from rayfl.schema import ConfigError
 
 
 @dataclass
@@ -59,23 +65,17 @@ READ_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, A
 def is_rayfls(component) -> bool:
     """Whether a dataset component is rayfl's own (its errors name files and ``data.*`` keys;
     a user's name the component)."""
-    from rayfl import registry
-
     return registry.identity(component).startswith("rayfl.")
 
 
 def loader_name(cfg) -> str:
     """``module:Name.load`` of the configured loader, as the user named it."""
-    from rayfl.contract import name_of
-
     return f"{cfg.dataset}.load" if ":" in cfg.dataset else name_of(cfg.component(), "load")
 
 
 def sources(cfg) -> list[str]:
     """The files and folders the configured loader reads (its ``sources(data_cfg)``; a user's
     loader without one: ``data.root`` when set), for the partition cache key."""
-    from rayfl.contract import calling, describe, expect
-
     component = cfg.component()
     if getattr(component, "sources", None) is None:
         return [] if is_rayfls(component) or cfg.root is None else [cfg.root]
@@ -97,9 +97,6 @@ def _call(cfg, seed: int) -> Arrays:
     """The loader's return value; a built-in's unreadable file is a ConfigError on ``data.root``
     naming it, a user's loader that raises is a ComponentError naming it (its own ConfigError
     passes as it is)."""
-    from rayfl.contract import calling
-    from rayfl.schema import ConfigError
-
     component = cfg.component()
     if not is_rayfls(component):
         with calling(loader_name(cfg)):
@@ -123,10 +120,6 @@ def load(cfg, seed: int) -> Arrays:
     """The central dataset named by ``cfg.dataset``, checked (:mod:`rayfl.data.validate`): a
     built-in's bad file is a ConfigError on ``data.root`` that names it, a user's loader that
     breaks its contract a ComponentError naming ``module:Name.load``."""
-    from rayfl.contract import ComponentError, describe
-    from rayfl.data.validate import problem
-    from rayfl.schema import ConfigError
-
     arrays = _call(cfg, seed)
     builtin = is_rayfls(cfg.component())
     if not isinstance(arrays, Arrays):
@@ -147,8 +140,6 @@ def require(root: str | None, paths: list[str], what: str, hint: str,
             inside: str | None = None) -> str:
     """The dataset folder (``root/inside`` when that exists), or a ConfigError on ``data.root``
     naming every expected file that is missing."""
-    from rayfl.schema import ConfigError
-
     if root is None:
         raise ConfigError("data.root", None, f"a directory with {what} ({', '.join(paths)}); "
                           f"{hint}")
@@ -179,7 +170,5 @@ def natural_dataset(load, name: str, doc: str, sources=None):
     """A dataset component whose rows carry their client (``partition: natural``), for a module
     that defines several: ``load`` as its loader, ``doc`` as what ``rayfl keys`` shows,
     ``sources`` the files it reads."""
-    from types import SimpleNamespace
-
     return SimpleNamespace(load=load, natural=True, sources=sources, __doc__=doc,
                            __module__=load.__module__, __qualname__=name)
