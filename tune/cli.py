@@ -6,9 +6,13 @@ import sys
 import time
 import warnings
 
-from rayfl.usage import OneLineParser
+import optuna
+
 from rayfl.metrics.progress import Eta, hms
 from rayfl.schema import ConfigError
+from rayfl.usage import OneLineParser
+from tune.driver import run_study
+from tune.spec import load
 
 
 def _fmt(v) -> str:
@@ -88,11 +92,6 @@ def summary_text(s: dict) -> str:
 
 def run(study: str, overrides: list[str], quiet: bool = False) -> int:
     """Load, run and summarise a study; Ctrl-C leaves it ready to continue."""
-    import optuna
-
-    from tune.driver import run_study
-    from tune.spec import load
-
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)

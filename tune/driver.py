@@ -20,6 +20,7 @@ import ray
 from optuna.trial import TrialState
 
 from rayfl import config as config_mod
+from rayfl.data import prepare
 from rayfl.runtime.cluster import connect_ray
 from rayfl.schema import ConfigError
 from tune import report, space
@@ -47,8 +48,6 @@ class _Live:
 
 def run_study(setup: StudySetup, on_event: Event | None = None) -> dict:
     """Run (or continue) the study until ``trials`` trials have finished; write its outputs."""
-    from rayfl.data import prepare
-
     emit = on_event or (lambda kind, info: None)
     cfg = config_mod.from_dict(setup.base)
     study = study_mod.open_study(setup)  # refuses changed settings before Ray starts

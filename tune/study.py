@@ -14,6 +14,8 @@ import warnings
 
 import optuna
 import yaml
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from rayfl.schema import ConfigError, to_dict
@@ -31,9 +33,6 @@ def storage_target(setup: StudySetup) -> str:
 def _storage(target: str):
     if "://" in target:
         return target
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-
     os.makedirs(os.path.dirname(os.path.abspath(target)), exist_ok=True)
     return JournalStorage(JournalFileBackend(target))
 

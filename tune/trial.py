@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rayfl.config import Config
 from rayfl.metrics.tables import read_rows
+from rayfl.simulation import run
 
 STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before its group goes
 
@@ -26,8 +27,6 @@ STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before it
 def _run(cfg: Config, run_dir: str) -> dict:
     """The trial's run; ``cfg`` travels validated, so a component the study's process
     registered (``rayfl.register_algorithm``) comes with it to the worker."""
-    from rayfl.simulation import run
-
     return run(cfg, run_dir=run_dir, quiet=True).summary
 
 
