@@ -20,7 +20,7 @@ from rayfl import config as config_mod
 from rayfl import registry as components
 from rayfl.algorithms import registry
 from rayfl.analysis.commands import add_subcommands, run_command
-from rayfl.compare import compare
+from rayfl.compare import compare, plan
 from rayfl.config import load
 from rayfl.contract import ComponentError, own_exits
 from rayfl.data.fetch import parser as fetch_parser
@@ -29,6 +29,7 @@ from rayfl.data.table import check_table_path
 from rayfl.docs import HEADER, config_reference
 from rayfl.failures import RunStopped
 from rayfl.fork import fork
+from rayfl.metrics.columns import markdown
 from rayfl.metrics.progress import sigterm_as_interrupt
 from rayfl.metrics.timeline import timeline
 from rayfl.privacy.audit import describe
@@ -103,8 +104,6 @@ def dry_run(source, overrides, entries: list[str] | None = None,
     """Validate, print the resolved config and the partition summary; Ray is not started."""
     cfg = config_mod.load(source, overrides)
     if entries is not None:
-        from rayfl.compare import plan
-
         _, configs = plan(cfg, entries, None, seeds)
         print(f"# {len(configs)} runs: " + ", ".join(f"{e} (seed {s})" for e, s in configs))
     print(yaml.safe_dump(config_mod.to_dict(cfg), sort_keys=False), end="")
@@ -164,8 +163,6 @@ def _cmd_keys(args) -> int:
     others = {kind: getattr(args, kind) for kind in COMPONENT_KINDS
               if getattr(args, kind)}
     if args.metrics:
-        from rayfl.metrics.columns import markdown
-
         with open(args.metrics, "w") as f:
             f.write(markdown())
         print(args.metrics)

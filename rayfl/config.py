@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import compat, schema, yamlio
+from rayfl import compat, privacy, schema, yamlio
 from rayfl.algorithms import legacy, wrapper
 from rayfl.algorithms.base import declaration_problem
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
@@ -191,8 +191,6 @@ def check_privacy(cfg: Config) -> None:
                               f"{cfg.clients_per_round / 20:g})")
     target = cfg.privacy.target_epsilon
     if target is not None:
-        from rayfl import privacy
-
         first = privacy.accountant(cfg).epsilon(1)
         if first > target:
             raise ConfigError("privacy.target_epsilon", target,

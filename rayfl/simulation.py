@@ -223,8 +223,6 @@ def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, q
         summary = _run_here(cfg, handle, stack, executor, run_dir, resume, quiet, max_rounds,
                             on_round)
     else:
-        import ray
-
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)

@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 
 from rayfl.schema import ConfigError
 
@@ -69,11 +71,7 @@ def write_table(table: pa.Table, path: str) -> str:
     """``table`` to ``path`` as CSV or Parquet (by the extension)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if path.endswith(".csv"):
-        import pyarrow.csv as pcsv
-
         pcsv.write_csv(table, path)
     else:
-        import pyarrow.parquet as pq
-
         pq.write_table(table, path)
     return path

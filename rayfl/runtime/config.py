@@ -9,6 +9,7 @@ from typing import Literal, Optional
 
 from rayfl import registry
 from rayfl.runtime.executor_kind import declaration_problem
+from rayfl.runtime.storage import check_location
 from rayfl.schema import ConfigError, field
 
 MAX_ACTORS = 4096  # client actors: each is a process
@@ -108,8 +109,6 @@ class RuntimeConfig:
             if not 0 < port < 65536:
                 raise ConfigError(f"{prefix}.address", self.address, "a port in [1, 65535]")
         if self.storage is not None:
-            from rayfl.runtime.storage import check_location
-
             check_location(f"{prefix}.storage", self.storage)
 
 
