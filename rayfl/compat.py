@@ -48,9 +48,11 @@ class Run:
     def mode(self) -> str:
         return self.cfg.aggregation.mode
 
-    def has_transform(self, name: str) -> str | None:
-        """Where the first transform called ``name`` is configured (None: none is)."""
-        return next((where for where, n in self.transforms if n == name), None)
+    def transport(self) -> tuple[str, str] | None:
+        """(where, name) of the first transport layer configured — the server sees only the
+        sum of the uploads (SecAgg); None: none is."""
+        return next(((where, n) for where, n in self.transforms
+                     if n in REGISTRY and REGISTRY[n].traits.transport), None)
 
 
 @dataclass(frozen=True)
@@ -180,9 +182,9 @@ RULES: tuple[Rule, ...] = (
           ("privacy", lambda r: r.cfg.privacy is not None,
            lambda r: "no privacy section (DP-FedAvg privatises the sum, the rule reads single "
                      "updates)", lambda r: "set"),
-          (lambda r: r.has_transform("secagg"), lambda r: r.has_transform("secagg") is not None,
-           lambda r: "no secagg step beside it (secure aggregation reveals only the sum)",
-           lambda r: "secagg"),
+          (lambda r: r.transport()[0], lambda r: r.transport() is not None,
+           lambda r: f"no {r.transport()[1]} step beside it (secure aggregation reveals only "
+                     "the sum)", lambda r: r.transport()[1]),
           ("algorithm.name", lambda r: not r.traits.dp_post_processing,
            lambda r: "an algorithm whose server reads only the mean update (its other "
                      "per-client sums would not be robust)", lambda r: r.name))),
@@ -222,14 +224,15 @@ RULES: tuple[Rule, ...] = (
            "empty (kept rounds are synchronous rounds)", None),
           ("keep.last", lambda c: c.keep.last > 0, "0 (kept rounds are synchronous rounds)",
            None))),
-    Rule(lambda r: r.has_transform("secagg") + ".name",
-         lambda r: r.mode == "fedasync" and r.has_transform("secagg") is not None,
-         lambda r: "no secagg with aggregation.mode fedasync (a sum of one update reveals it, "
-                   "and the mixing step needs it decoded)", value=lambda r: "secagg"),
+    Rule(lambda r: r.transport()[0] + ".name",
+         lambda r: r.mode == "fedasync" and r.transport() is not None,
+         lambda r: f"no {r.transport()[1]} with aggregation.mode fedasync (a sum of one update "
+                   "reveals it, and the mixing step needs it decoded)",
+         value=lambda r: r.transport()[1]),
     Rule("aggregation.staleness",
-         lambda r: r.mode == "fedbuff" and r.has_transform("secagg") is not None
+         lambda r: r.mode == "fedbuff" and r.transport() is not None
          and r.cfg.aggregation.staleness != "constant",
-         lambda r: f"constant with {r.has_transform('secagg')} = secagg in aggregation.mode "
+         lambda r: f"constant with {' = '.join(r.transport())} in aggregation.mode "
                    f"{r.mode} (the server sees only the sum and cannot weight each update by "
                    "its staleness)"),
     Rule("aggregation.concurrency",
