@@ -35,16 +35,8 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_as
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (
-    Lent,
-    calling,
-    describe,
-    expect,
-    name_of,
-    returned,
-    returned_metrics,
-    returned_vector,
-)
+from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
+                            returned_vector)
 from rayfl.runtime import checkpoint
 from rayfl.schema import NoParams
 

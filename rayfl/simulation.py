@@ -29,14 +29,8 @@ from rayfl.data.regime import check_regime
 from rayfl.failures import RunStopped
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
-from rayfl.metrics.progress import (
-    Eta,
-    empty_note,
-    endpoints_line,
-    hms,
-    resume_hint,
-    sigterm_as_interrupt,
-)
+from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
+                                    sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
 from rayfl.runtime import checkpoint, storage
 from rayfl.runtime.client_actor import ClientActor, WorkerParts

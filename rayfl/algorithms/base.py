@@ -49,16 +49,8 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import server_opt as opt
-from rayfl.contract import (
-    Lent,
-    calling,
-    describe,
-    expect,
-    name_of,
-    returned,
-    returned_metrics,
-    returned_vector,
-)
+from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
+                            returned_vector)
 
 Vec = torch.Tensor
 

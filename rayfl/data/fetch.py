@@ -36,24 +36,10 @@ from typing import TYPE_CHECKING, Optional
 
 from rayfl import registry
 from rayfl.data import fetch_unpack
-from rayfl.data.fetch_download import (
-    Expected,
-    FetchError,
-    Resumable,
-    disk_error,
-    download,
-    expected_of,
-    verify,
-)
-from rayfl.data.fetch_sources import (
-    MIRROR_ENV,
-    NOT_FETCHED,
-    SOURCES,
-    File,
-    Source,
-    default_folder,
-    url_of,
-)
+from rayfl.data.fetch_download import (Expected, FetchError, Resumable, disk_error, download,
+                                       expected_of, verify)
+from rayfl.data.fetch_sources import (MIRROR_ENV, NOT_FETCHED, SOURCES, File, Source,
+                                      default_folder, url_of)
 from rayfl.schema import ConfigError
 from rayfl.usage import OneLineParser
 
