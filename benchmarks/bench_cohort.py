@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -88,12 +87,16 @@ def plain_rounds(cfg, handle, rounds: list, barrier) -> list[float]:
     return seconds
 
 
-def _half(args) -> list[float]:
-    return plain_rounds(*args[:3], _half.barrier)
+_BARRIER = None  # a floor process's barrier, shared with its twin (set by _init)
 
 
 def _init(barrier) -> None:
-    _half.barrier = barrier
+    global _BARRIER
+    _BARRIER = barrier
+
+
+def _half(args) -> list[float]:
+    return plain_rounds(*args, _BARRIER)
 
 
 def floor(clients: int, per_round: int, rounds: int, work: str) -> dict:
