@@ -9,6 +9,11 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "configs", "test", "tiny.yaml")
 
+# Ray's raylet prints a line every 10 s once its disk is over 95 % full, and those lines reach
+# the stderr the tests read; the suite's outcome must not depend on how full this machine's
+# disk happens to be. Set before any Ray starts, here and in the processes the tests spawn.
+os.environ["RAY_local_fs_capacity_threshold"] = "1.0"
+
 
 @pytest.fixture(scope="session")
 def ray_local():
