@@ -11,9 +11,9 @@ from rayfl.registry import (register_algorithm, register_availability, register_
 from rayfl.runtime.harness import simulate
 from rayfl.runtime.storage import CheckpointError
 from rayfl.simulation import RunResult, resume, run
+from rayfl.version import __version__ as __version__  # re-exported: rayfl.__version__
 
 __all__ = ["CheckpointError", "ComponentError", "Config", "ConfigError", "RunResult",
            "load_config", "resume", "run", "simulate", "register_algorithm", "register_model",
            "register_dataset", "register_availability", "register_selector", "register_wrapper",
            "register_server_opt", "register_executor"]
-__version__ = "0.2.0"

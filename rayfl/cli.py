@@ -21,7 +21,7 @@ from rayfl import registry as components
 from rayfl.algorithms import registry
 from rayfl.analysis.commands import add_subcommands, run_command
 from rayfl.compare import compare, plan
-from rayfl.config import load
+from rayfl.config import check_given_once, load
 from rayfl.contract import ComponentError, own_exits
 from rayfl.data.fetch import parser as fetch_parser
 from rayfl.data.inspect import report, summary
@@ -39,6 +39,7 @@ from rayfl.schema import ConfigError
 from rayfl.simulation import preflight as _prepare
 from rayfl.simulation import resume, run
 from rayfl.usage import OneLineParser
+from rayfl.version import __version__
 
 DIVERGED = 3  # exit status of a run stopped by divergence (2: a bad config)
 NO_CLIENTS = 4  # exit status of a run stopped because its rounds completed no client
@@ -222,8 +223,6 @@ def _cmd_data(args) -> int:
 
 def version_text() -> str:
     """``rayfl X.Y.Z (Python …, torch …, ray …)`` for ``rayfl --version``."""
-    from rayfl import __version__
-
     def v(pkg: str) -> str:
         try:
             return version(pkg)
@@ -355,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     previous = sigterm_as_interrupt()
     try:
         if hasattr(args, "overrides"):
-            from rayfl.config import check_given_once
-
             check_given_once(args.overrides)
         with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error, not a result
             return args.fn(args)

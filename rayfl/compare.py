@@ -29,10 +29,10 @@ import numpy as np
 from rayfl import config as config_mod
 from rayfl import registry
 from rayfl.config import Config
+from rayfl.creatable import check_creatable
 from rayfl.metrics.files import write_json, write_parquet
 from rayfl.metrics.plots import plot_accuracy, plot_accuracy_bands
 from rayfl.metrics.progress import Eta, hms
-from rayfl.rundir import check_creatable
 from rayfl.schema import ConfigError
 from rayfl.simulation import preflight, run
 

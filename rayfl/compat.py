@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rayfl import registry
+from rayfl.algorithms import registry as algorithms
 from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.checks import effective_weighting
 from rayfl.algorithms.wrapper import wrapper_classes
@@ -87,9 +88,7 @@ def _takes_server_opt(cls) -> bool:
 
 def _names(test: Callable[[Any], bool]) -> str:
     """The built-in algorithms whose class passes ``test``."""
-    from rayfl.algorithms import registry
-
-    return ", ".join(n for n in registry.names() if test(registry.get(n)))
+    return ", ".join(n for n in algorithms.names() if test(algorithms.get(n)))
 
 
 def _plain(key: str, plain: Any) -> Rule:

@@ -23,6 +23,7 @@ from rayfl.contract import calling, name_of
 from rayfl.data.config import DataConfig
 from rayfl.metrics.config import EvalConfig, LoggersConfig
 from rayfl.models.config import ModelConfig
+from rayfl.privacy import rules as privacy_rules
 from rayfl.privacy.rules import check_given
 from rayfl.runtime.config import CheckpointConfig, KeepConfig, LocalConfig, RuntimeConfig
 from rayfl.schema import ConfigError, field
@@ -178,9 +179,7 @@ def check_privacy(cfg: Config) -> None:
     """The ``privacy`` section's own rules: the count's noise share, a reachable target ε."""
     if cfg.privacy is None:
         return
-    from rayfl.privacy.rules import check_run
-
-    check_run(cfg)
+    privacy_rules.check_run(cfg)
     ad = cfg.privacy.adaptive_clip
     if ad is not None:
         sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20

@@ -6,6 +6,7 @@ import dataclasses
 from typing import get_args, get_type_hints
 
 from rayfl import config, registry
+from rayfl.algorithms import registry as algorithms
 from rayfl.config import Config
 from rayfl.schema import ConfigError, describe_fields
 from rayfl.transforms import REGISTRY
@@ -69,13 +70,11 @@ FedYogi, FedAdagrad: the client-average target fed to the server optimiser) and 
 
 def combinations() -> str:
     """The generated accept/refuse table of option combinations, with each refusal's reason."""
-    from rayfl.algorithms import registry
-
     head = ["algorithm", "auto =", *[title for title, _ in PROBES]]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     reasons: dict[tuple[str, str, str], list[str]] = {}  # (probe, key, expected) → algorithms
-    for name in registry.names():
-        cells = [f"`{name}`", registry.get(name).traits.weighting]
+    for name in algorithms.names():
+        cells = [f"`{name}`", algorithms.get(name).traits.weighting]
         for title, extra in PROBES:
             raw = {"data": {"dataset": "synthetic"}, "algorithm": {"name": name}}
             for section, values in extra.items():

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from rayfl import algorithms, rundir
+from rayfl import assemble, rundir
 from rayfl import config as config_mod
 from rayfl.config import ConfigError
 from rayfl.metrics import tables
@@ -92,7 +92,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     storage.check_new_run(cfg, run_dir)
     parts = preflight(cfg)
     handle, stack = parts.handle, parts.stack
-    source_stack = algorithms.build(source, handle.num_clients)
+    source_stack = assemble.stack(source, handle.num_clients)
     state = checkpoint.server_state(source_stack, ck, checkpoint.path_of(src_location))
     try:
         ck["state"] = stack.fork(state, at, source_stack)

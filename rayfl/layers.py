@@ -37,7 +37,7 @@ from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
                             returned_vector)
-from rayfl.runtime import checkpoint
+from rayfl.runtime.checkpoint_file import unencodable_tree
 from rayfl.schema import NoParams
 
 
@@ -331,19 +331,10 @@ def tensors(value: Any, component: str, what: str, round: int | None = None) -> 
     return value
 
 
-def unencodable(value: Any, where: str = "") -> str | None:
-    """What in ``value`` a checkpoint cannot hold (None: nothing); a slot's dataclass field by
-    field."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return next((p for f in dataclasses.fields(value)
-                     if (p := unencodable(getattr(value, f.name), f"{where}.{f.name}"))), None)
-    return checkpoint.unencodable(value, where)
-
-
 def checkpointable(value: Any, component: str, what: str, round: int | None = None) -> Any:
     """``value`` checked to be what a checkpoint holds (tensors, arrays, numbers, strings,
     lists, tuples, str-keyed dicts and dataclasses of them)."""
-    found = unencodable(value)
+    found = unencodable_tree(value)
     expect(found is None, component,
            f"returned {what} holding {found}, which a checkpoint cannot hold (tensors, arrays, "
            "numbers, strings, lists, dicts and dataclasses of them)", round)

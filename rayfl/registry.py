@@ -32,8 +32,10 @@ from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.base import declaration_problem as algorithm_problem
 from rayfl.layers import Layer
 from rayfl.layers import declaration_problem as layer_problem
+from rayfl.runtime.executor_declaration import declaration_problem as executor_problem
 from rayfl.schema import ConfigError
 from rayfl.suggest import no_such_key
+from rayfl.version import PACKAGE_DIR
 
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
@@ -247,8 +249,6 @@ def _declared(kind: str, obj: Any) -> str | None:
     if kind == "wrapper" and isinstance(obj, type) and issubclass(obj, Layer):
         return layer_problem(obj)
     if kind == "executor":
-        from rayfl.runtime.executor_kind import declaration_problem as executor_problem
-
         return executor_problem(obj)
     return None
 
@@ -412,10 +412,8 @@ def user_modules(components: list[Any]) -> list[str]:
     """Top-level modules or packages (file paths) the given components come from, for
     Ray's ``runtime_env.py_modules``: not rayfl, not installed packages, not ``__main__`` (which
     cloudpickle ships by value)."""
-    import rayfl
-
     installed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
-    own = os.path.realpath(os.path.dirname(rayfl.__file__))
+    own = os.path.realpath(PACKAGE_DIR)
     paths = []
     for obj in components:
         module_name = obj.__name__ if isinstance(obj, type(sys)) else getattr(obj, "__module__",

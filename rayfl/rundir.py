@@ -15,13 +15,13 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 import typing
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from rayfl.config import Config
+from rayfl.creatable import check_creatable
 from rayfl.schema import ConfigError
 
 LOCK = ".lock"
@@ -63,30 +63,6 @@ def check_new(run_dir: str, key: str = "--run-dir") -> None:
             raise ConfigError(key, run_dir, "a directory this user may write")
         return
     _check_length(run_dir, check_creatable(run_dir, key), key)
-
-
-def check_creatable(path: str, key: str) -> str:
-    """``path`` is a directory or can be made one: its nearest existing ancestor is a directory
-    in which this process can really create an entry (a probe directory, removed at once: the
-    permission bits do not tell, e.g. for root under /proc). Returns that ancestor."""
-    full = os.path.abspath(path)
-    if os.path.isdir(full):
-        parent, probe = full, True
-    else:
-        if os.path.lexists(full):
-            raise ConfigError(key, path, "a directory (a file of that name exists)")
-        parent = os.path.dirname(full)
-        while not os.path.lexists(parent):
-            parent = os.path.dirname(parent)
-        probe = os.path.isdir(parent)
-    why = f"{parent} is not a directory"
-    if probe:
-        try:
-            os.rmdir(tempfile.mkdtemp(prefix=".rayfl-probe-", dir=parent))
-            return parent
-        except OSError as e:
-            why = f"cannot create in {parent}: {e.strerror}"
-    raise ConfigError(key, path, f"a directory this user may create or write ({why})")
 
 
 def _check_length(run_dir: str, parent: str, key: str) -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from rayfl import algorithms, compat, failures, registry, rundir
+from rayfl import assemble, compat, failures, registry, rundir
 from rayfl import config as config_mod
 from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
@@ -285,7 +285,7 @@ def preflight(cfg: Config) -> Parts:
         check_regime(cfg.data, handle)
         check_single_rows(model, handle, cfg.local.batch_size)
         check_files(cfg.availability, handle.num_clients)
-        stack = algorithms.build(cfg, handle.num_clients)  # the layers and server optimiser build
+        stack = assemble.stack(cfg, handle.num_clients)  # the layers and server optimiser build
         executor = executor_of(cfg)
         user_preflight.run(cfg, handle, stack, executor)  # the user's components once
     return Parts(handle, stack, executor)

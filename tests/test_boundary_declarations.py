@@ -202,11 +202,11 @@ def test_a_component_ray_cannot_send_is_refused_before_the_run_directory(cli, tm
 
 
 def test_the_users_components_that_pickle_pass_the_check_for_ray(cache):
-    from rayfl import algorithms, config, preflight
+    from rayfl import assemble, config, preflight
 
     cfg = config.load(TINY, [ALGORITHM + "AddsAKey", _wrapper("StringPayload"),
                              f"data.cache_dir={cache}"])
-    preflight._sendable(cfg, algorithms.build(cfg, 20))  # raises nothing
+    preflight._sendable(cfg, assemble.stack(cfg, 20))  # raises nothing
 
 
 # ----- rounds the privacy mechanism's participation bound leaves empty --------------------------

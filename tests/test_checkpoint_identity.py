@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-import rayfl
 from rayfl import CheckpointError
+import rayfl
 from rayfl.cli import main
 from rayfl.fork import fork
-from rayfl.runtime import checkpoint
+from rayfl.runtime import checkpoint, checkpoint_file
 from rayfl.runtime.state_store import StateStore, state_name
 from tests.conftest import TINY
 
@@ -131,7 +131,7 @@ def test_a_checkpoint_without_identity_is_taken_as_it_is(tiny):
     payload = json.loads(record["json"])
     del payload[checkpoint.IDENTITY]
     record["json"] = json.dumps(payload)
-    record["sha256"] = checkpoint._digest(record["json"], record["tensors"])
+    record["sha256"] = checkpoint_file._digest(record["json"], record["tensors"])
     torch.save(record, path)
     assert checkpoint.IDENTITY not in checkpoint.load(paused.run_dir)
     resumed = rayfl.resume(paused.run_dir, quiet=True)

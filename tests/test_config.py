@@ -87,7 +87,7 @@ def test_every_key_has_a_doc():
     ("fedavg", "auto", "samples"), ("adabest", "auto", "uniform"), ("fedmim", "auto", "uniform"),
     ("adabest", "samples", "samples"), ("scaffold", "uniform", "uniform")])
 def test_auto_weighting_is_the_papers_choice(name, weighting, expected):
-    from rayfl.algorithms import build
+    from rayfl.assemble import stack as build
 
     cfg = config.load(TINY, [f"algorithm.name={name}", f"aggregation.weighting={weighting}"])
     assert build(cfg, num_clients=20).algorithm.weighting == expected

@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-import rayfl
 from rayfl import config
-from rayfl.algorithms import build, registry
+import rayfl
+from rayfl.algorithms import registry
 from rayfl.algorithms.base import PLAIN_SGD, ClientTask
 from rayfl.algorithms.feddyn import FedDyn
 from rayfl.algorithms.fedmsi import dense_graph, orient
 from rayfl.algorithms.ima import IMA, IMAParams
-from rayfl.layers import Facts, Stack
+from rayfl.assemble import stack as build
 from rayfl.cli import main
 from rayfl.compare import variant
+from rayfl.layers import Facts, Stack
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec, batch_schedule, train_client
 from rayfl.schema import ConfigError

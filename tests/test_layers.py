@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-import rayfl
 from rayfl import cli
+import rayfl
 from rayfl.algorithms.base import Algorithm, ClientResult
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.server_opt import sgd
@@ -145,7 +145,7 @@ def test_a_client_state_tree_is_stored_as_named_arrays_and_read_back():
 
 def test_a_checkpoint_of_another_algorithm_is_refused_by_its_structure(tiny, tmp_path):
     from rayfl import config as config_mod
-    from rayfl.algorithms import build
+    from rayfl.assemble import stack as build
     from rayfl.runtime import checkpoint
 
     paused = rayfl.run(TINY, tiny + IN_PROCESS + ["algorithm.name=scaffold"],

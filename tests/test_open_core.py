@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-import rayfl
 from rayfl import config as config_mod
+import rayfl
 from rayfl.algorithms import registry, server_opt
 from rayfl.algorithms.base import ClientTask
 from rayfl.algorithms.fedavg import FedAvg
-from rayfl.runtime.context import ClientData
 from rayfl.rng import client_stream
+from rayfl.runtime.context import ClientData
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.transforms import ClipUpdate, ClipParams, Identity
-from tests.core_helpers import local_update
+from rayfl.transforms import ClipParams, ClipUpdate, Identity
 from tests.conftest import TINY
+from tests.core_helpers import local_update
 
 DT = torch.float64
 D, N = 4, 6
@@ -77,7 +77,7 @@ def test_momentum_server_optimizer_matches_torch_sgd():
 def test_server_opt_config_reaches_any_algorithm_that_takes_one(tmp_path):
     cfg = config_mod.load(TINY, ["algorithm.name=scaffold", "server_opt.name=adam",
                                  "server_opt.lr=0.02"])
-    from rayfl.algorithms import build
+    from rayfl.assemble import stack as build
 
     stack = build(cfg, 10)
     assert stack.optimizer.adaptive and "v" in stack.init(torch.zeros(3)).server_opt
@@ -202,15 +202,15 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_gives_the_same_bytes(
 def test_a_runs_stack_is_built_once_and_handed_down(tmp_path, monkeypatch):
     """The pre-flight builds the run's stack; the server (and, by value, every client actor)
     runs on that one — not one built again from the whole config — to the same bytes."""
-    from rayfl import algorithms
+    from rayfl import assemble
 
     common = [f"output_dir={tmp_path}/runs", f"data.cache_dir={tmp_path}/cache",
               "runtime.executor=inprocess", "wrappers=[{name: ima, window: 2}]",
               "aggregation.transforms=[{name: clip, max_norm: 1.0}]"]
     before = rayfl.run(TINY, common, quiet=True).summary["model_sha256"]
     built = []
-    original = algorithms.build
-    monkeypatch.setattr(algorithms, "build", lambda *a, **k: built.append(a) or original(*a, **k))
+    original = assemble.stack
+    monkeypatch.setattr(assemble, "stack", lambda *a, **k: built.append(a) or original(*a, **k))
     after = rayfl.run(TINY, common, quiet=True).summary["model_sha256"]
     assert len(built) == 1 and after == before
 

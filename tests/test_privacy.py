@@ -7,29 +7,28 @@ import glob
 import math
 import os
 
+import dp_accounting as dpa
 import numpy as np
 import pytest
 import torch
+from dp_accounting import rdp
 from scipy import integrate
 
-import dp_accounting as dpa
-from dp_accounting import rdp
-
+from rayfl import config as config_mod
+from rayfl import privacy
 import rayfl
-from rayfl import config as config_mod, privacy
-from rayfl.algorithms.base import Aggregate, ClientTask
+from rayfl.algorithms.base import Aggregate, ClientTask, ServerRound
 from rayfl.algorithms.fedavg import FedAvg
-from rayfl.runtime.context import ClientData
+from rayfl.layers import ClientContext, Facts
 from rayfl.rng import client_stream
+from rayfl.runtime.context import ClientData
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.runtime.state_store import STAMP
 from rayfl.schema import ConfigError
-from rayfl.layers import ClientContext, Facts
-from rayfl.algorithms.base import ServerRound
-from tests.core_helpers import local_update
 from rayfl.transforms.dp import GaussianDP, GaussianDPParams, update_noise_multiplier
 from tests.conftest import TINY
+from tests.core_helpers import local_update
 
 DT = torch.float64
 D = 5
@@ -123,7 +122,7 @@ def test_privacy_config_rules(overrides, key):
 def test_auto_weighting_under_privacy_is_uniform(name):
     """DP-FedAvg's fixed-denominator estimator weights every client 1: ``auto`` resolves to it
     (fedavg's and fedprox's paper weighting is samples, adabest's uniform)."""
-    from rayfl.algorithms import build
+    from rayfl.assemble import stack as build
 
     plain = config_mod.load(TINY, [f"algorithm.name={name}"])
     dp = config_mod.load(TINY, [f"algorithm.name={name}", "privacy.noise_multiplier=1.0"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from rayfl import config
-from rayfl.runtime import checkpoint, state_store
+from rayfl.runtime import checkpoint, checkpoint_file, state_store
 from rayfl.runtime.state_store import StateStore, prune_after
 from rayfl.runtime.storage import CheckpointError, Storage, join
 from rayfl.schema import ConfigError
@@ -171,7 +171,7 @@ def test_checkpoint_with_code_in_it_is_refused_without_running_it(tmp_path):
                                     "zip-of-nothing"])
 def test_damaged_checkpoint_is_a_config_error_naming_the_file(tmp_path, damage):
     run_dir = str(tmp_path)
-    good = checkpoint.encode(_payload())
+    good = checkpoint_file.encode(_payload())
     x = bytearray(good)
     x[good.index(_payload()["state"]["x"].numpy().tobytes()[:16]) + 20] ^= 0xFF
     zipped = io.BytesIO()
@@ -189,7 +189,7 @@ def test_damaged_checkpoint_is_a_config_error_naming_the_file(tmp_path, damage):
 
 def test_checkpoint_rejects_objects_it_cannot_store_as_data():
     with pytest.raises(TypeError, match="_Trap"):
-        checkpoint.encode({"state": _Trap("x")})
+        checkpoint_file.encode({"state": _Trap("x")})
 
 
 def test_an_interrupted_write_leaves_the_old_content(location):

@@ -8,16 +8,16 @@ import math
 import pytest
 import torch
 
-import rayfl
 from rayfl import config as config_mod
+import rayfl
 from rayfl.algorithms.fedavg import FedAvg
 from rayfl.algorithms.scaffold import Scaffold
+from rayfl.algorithms.server_opt import sgd
+from rayfl.assemble import stack as build
+from rayfl.layers import Facts, Stack
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.schema import ConfigError
-from rayfl.algorithms import build
-from rayfl.layers import Facts, Stack
-from rayfl.algorithms.server_opt import sgd
 from rayfl.transforms.compress import QSGD, QSGDParams, RandK, SparseParams, TopK
 from rayfl.transforms.secagg import SecAgg, SecAggParams
 from tests.conftest import TINY

@@ -3,7 +3,8 @@
 An import circle is a group of modules each of which reaches every other through imports — at
 module level or inside functions (those run later, but still tie the modules together). An
 import of ``a.b.c`` also imports the packages ``a`` and ``a.b`` (their ``__init__`` runs first),
-except the packages the importing module is itself inside (already being imported).
+except the packages the importing module is itself inside (already being imported) — unless
+it names one of them itself (``from a import b`` inside ``a.c`` needs ``a`` run to ``b``).
 
     python tools/import_knots.py [rayfl] [--list]
 
@@ -45,8 +46,9 @@ def imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool,
     out = []
     for name in names:
         parts = name.split(".")
-        out += [p for p in (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        out += [p for p in (".".join(parts[:i]) for i in range(1, len(parts)))
                 if p in known and p != module and not module.startswith(p + ".")]
+        out += [name] if name in known and name != module else []
     return out
 
 

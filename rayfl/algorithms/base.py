@@ -51,6 +51,7 @@ from rayfl import schema
 from rayfl.algorithms import server_opt as opt
 from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
                             returned_vector)
+from rayfl.runtime.checkpoint_file import unencodable_tree
 
 Vec = torch.Tensor
 
@@ -238,8 +239,6 @@ class ServerRound:
     def step(self, direction: Vec, x: Vec | None = None) -> Vec:
         """x − opt(direction) (x: the round's model unless given); the optimiser's state and
         metrics are updated."""
-        from rayfl.layers import unencodable
-
         name = name_of(self.optimizer.update)
         start = self.x if x is None else x
         lent = Lent().add("its direction", direction)  # often the aggregate itself
@@ -254,7 +253,7 @@ class ServerRound:
                                                  self.t)
         step = returned_vector(step, direction, name, "its step", self.t)
         self.metrics = returned_metrics(metrics, name, self.t)
-        found = unencodable(self.opt_state)
+        found = unencodable_tree(self.opt_state)
         expect(found is None, name, f"returned a state holding {found}, which a checkpoint "
                                     "cannot hold (tensors, arrays, numbers, strings, lists, "
                                     "dicts and dataclasses of them)", self.t)

@@ -19,10 +19,10 @@ from rayfl.analysis.drift import REGIMES
 from rayfl.analysis.evaluate import select_data
 from rayfl.analysis.presets import INTERPOLATIONS, PLANES
 from rayfl.analysis.rundir import RunDir
+from rayfl.creatable import check_creatable
 from rayfl.metrics.files import strict, write_json, write_parquet
 from rayfl.models import build_for
 from rayfl.models.flat import persistent_buffers
-from rayfl.rundir import check_creatable
 from rayfl.runtime.cluster import connect_ray
 from rayfl.schema import ConfigError
 from rayfl.simulation import preflight

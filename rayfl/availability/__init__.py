@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from rayfl.availability.base import AvailabilityModel, Context, RoundPlan
 from rayfl.availability.config import AvailabilityConfig
+from rayfl.availability.devices import _read_capacity
 from rayfl.availability.labels import LabelStats
 from rayfl.availability.sampler import Sampler
+from rayfl.availability.trace import Trace
 from rayfl.contract import calling, name_of
 from rayfl.runtime.local import spec_from_config
 
@@ -47,9 +49,6 @@ def run_sampler(cfg, handle, stack, w) -> Sampler:
 def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
     """Read the trace and capacity files the way a run will (a ConfigError naming a bad one),
     so that a broken file stops the run before anything starts."""
-    from rayfl.availability.devices import _read_capacity
-    from rayfl.availability.trace import Trace
-
     if cfg.model == "trace":
         Trace(cfg.trace_path, num_clients)
     if cfg.capacity_path is not None:

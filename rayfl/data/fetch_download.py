@@ -21,6 +21,7 @@ from typing import Optional
 
 from rayfl.data.fetch_sources import MIRROR_ENV, File
 from rayfl.schema import ConfigError
+from rayfl.version import __version__
 
 TIMEOUT_S = 60  # per connection attempt and per read
 CHUNK = 1 << 20  # the most bytes one read returns (it returns what has arrived)
@@ -65,8 +66,6 @@ class Resumable(FetchError):
 def _request(url: str, method: str = "GET", start: int = 0):
     """The server's response (None: nothing after ``start``, HTTP 416); a FetchError when there
     is none."""
-    from rayfl import __version__
-
     headers = {"User-Agent": f"rayfl/{__version__}"}
     if start:
         headers["Range"] = f"bytes={start}-"

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from rayfl.data import prepare
 from rayfl.data.regime import regime_rows
 from rayfl.data.table import client_table, head_lines, write_table
 from rayfl.rng import SAMPLE, stream
@@ -126,8 +127,6 @@ def report(cfg, out_dir: str, rounds: int | None = None, max_clients: int = 100,
     """Prepare ``cfg``'s partition, write its plots to ``out_dir`` (and every client's row to
     ``table_path``); returns the printed lines, the first ``first_clients`` clients' rows
     among them."""
-    from rayfl.data import prepare
-
     handle = prepare(cfg.data, cfg.seed)
     reader = handle.open()
     s, counts = summary(handle, reader)

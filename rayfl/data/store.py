@@ -40,6 +40,7 @@ import pyarrow as pa
 import torch
 
 from rayfl import registry, schema
+from rayfl.creatable import check_creatable
 from rayfl.data import datasets, fetch, sources
 from rayfl.data import partition as part
 from rayfl.data.config import DataConfig
@@ -190,8 +191,6 @@ def prepare(cfg: DataConfig, seed: int, root: Optional[str] = None) -> "DataHand
     key = partition_key(cfg, seed)
     path = os.path.join(root, key)
     if not os.path.isfile(os.path.join(path, "meta.json")) or damaged(path):
-        from rayfl.rundir import check_creatable
-
         existing = check_creatable(root, "data.cache_dir")  # a file, /proc, read-only: refused
         try:
             with _locked(os.path.join(root, f".{key}.lock")):

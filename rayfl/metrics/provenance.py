@@ -16,6 +16,7 @@ import sys
 
 from rayfl.config import to_dict
 from rayfl.metrics.files import write_json
+from rayfl.version import PACKAGE_DIR, __version__
 
 PROVENANCE = "provenance.json"
 
@@ -50,13 +51,11 @@ def config_hash(cfg) -> str:
 def record(run_dir: str, cfg, forked_from: dict | None = None) -> dict:
     """Write (or, on resume, extend) ``provenance.json``; returns its content. ``forked_from``:
     the run directory and round a fork started from (kept on later resumes)."""
-    import rayfl
-
     path = os.path.join(run_dir, PROVENANCE)
     old = load(run_dir)
     info = {
-        "rayfl_version": rayfl.__version__,
-        "git_commit": git_commit(os.path.dirname(os.path.abspath(rayfl.__file__))),
+        "rayfl_version": __version__,
+        "git_commit": git_commit(PACKAGE_DIR),
         "python": platform.python_version(),
         "torch": _module_version("torch"),  # with its build tag (e.g. +cu130)
         "ray": _module_version("ray"),

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
-import math
 import os
-import pickle
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from rayfl import config as config_mod
+from rayfl.layers import mismatch
+from rayfl.rundir import default_of, differences, result_keys, started_with
+from rayfl.runtime.checkpoint_file import Slot, decode, writer
 from rayfl.runtime.state_store import prune_after, read_state, verify_present
 from rayfl.runtime.storage import CheckpointError, Storage, join
 from rayfl.schema import ConfigError
@@ -45,152 +46,11 @@ FIRST = ("seed", "algorithm.name")  # the keys an identity mismatch names first
 UNNAMED = ("name",)  # result keys left out of it: runs alike but for them share a trajectory
 #: config keys that shape the client state a fork inherits (a fork cannot change them)
 SHARED = ("data.", "model.", "algorithm.name", "privacy.", "seed")
-FORMAT = "rayfl-checkpoint/2"  # /2: the server state is a tree of slots (rayfl.layers)
-FORMATS = ("rayfl-checkpoint/1", FORMAT)  # /1 (rayfl 0.1): one flat dict, read by migration
-_TENSOR, _ARRAY, _TUPLE, _FLOAT, _SLOT = "$tensor", "$ndarray", "$tuple", "$float", "$slot"
-
-
-@dataclasses.dataclass(frozen=True)
-class Slot:
-    """A dataclass of a checkpoint as read back: its class name and fields (the run's own
-    classes rebuild it, :func:`restore`; nothing named in a file is imported)."""
-
-    name: str
-    fields: dict
-
-    @property
-    def slot_name(self) -> str:
-        """The class name it was written as (what a structure check reports)."""
-        return self.name
 
 
 def path_of(location: str) -> str:
     """The run's checkpoint file (a path or URI)."""
     return Storage(location).path(NAME)
-
-
-def _encode(obj, tensors: list[torch.Tensor]):
-    """``obj`` as JSON-able data; tensors and arrays are appended to ``tensors`` by index."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach().cpu().contiguous())
-        return {_TENSOR: len(tensors) - 1}
-    if isinstance(obj, np.ndarray):
-        tensors.append(torch.from_numpy(np.ascontiguousarray(obj)).clone())
-        return {_ARRAY: len(tensors) - 1}
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if obj is None or isinstance(obj, (bool, int, str)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else {_FLOAT: repr(obj)}
-    if isinstance(obj, (list, tuple)):
-        items = [_encode(v, tensors) for v in obj]
-        return {_TUPLE: items} if isinstance(obj, tuple) else items
-    if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
-        return {k: _encode(v, tensors) for k, v in obj.items()}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {_SLOT: [type(obj).__name__, {f.name: _encode(getattr(obj, f.name), tensors)
-                                             for f in dataclasses.fields(obj)}]}
-    raise TypeError(f"a checkpoint holds tensors, arrays and plain data only, not "
-                    f"{type(obj).__name__}")
-
-
-def unencodable(obj, where: str = "") -> str | None:
-    """What in ``obj`` a checkpoint cannot hold (the types :func:`_encode` takes: tensors,
-    arrays, numbers, strings, None, lists, tuples and str-keyed dicts of them), or None; read
-    without copying anything."""
-    if obj is None or isinstance(obj, (torch.Tensor, np.ndarray, np.generic, bool, int, float,
-                                       str)):
-        if isinstance(obj, np.ndarray) and not _tensor_dtype(obj.dtype):
-            return f"a {obj.dtype} array{where and f' at {where}'}"
-        return None
-    if isinstance(obj, (list, tuple)):
-        return next((p for i, v in enumerate(obj) if (p := unencodable(v, f"{where}[{i}]"))),
-                    None)
-    if isinstance(obj, dict):
-        key = next((k for k in obj if not isinstance(k, str)), None)
-        if key is not None:
-            return f"the non-string key {key!r}{where and f' in {where}'}"
-        return next((p for k, v in obj.items() if (p := unencodable(v, f"{where}[{k!r}]"))),
-                    None)
-    return f"{type(obj).__name__}{where and f' at {where}'}"
-
-
-def _tensor_dtype(dtype: np.dtype) -> bool:
-    """Whether torch holds arrays of ``dtype`` (not objects or strings)."""
-    try:
-        torch.from_numpy(np.empty(0, dtype=dtype))
-        return True
-    except TypeError:
-        return False
-
-
-def _decode(obj, tensors: list[torch.Tensor]):
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if not isinstance(obj, dict):
-        return obj
-    if len(obj) == 1:
-        (key, value), = obj.items()
-        if key == _TENSOR:
-            return tensors[value]
-        if key == _ARRAY:
-            return tensors[value].numpy()
-        if key == _TUPLE:
-            return tuple(_decode(v, tensors) for v in value)
-        if key == _FLOAT:
-            return float(value)
-        if key == _SLOT:
-            return Slot(value[0], _decode(value[1], tensors))
-    return {k: _decode(v, tensors) for k, v in obj.items()}
-
-
-def _digest(text: str, tensors: list[torch.Tensor]) -> str:
-    h = hashlib.sha256(text.encode())
-    for t in tensors:
-        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
-    return h.hexdigest()
-
-
-def _writer(payload: dict):
-    """A function writing ``payload``'s checkpoint file (tensors, arrays and plain data) to an
-    open binary file; encoding errors surface here, before any file is touched."""
-    tensors: list[torch.Tensor] = []
-    text = json.dumps(_encode(payload, tensors), allow_nan=False)
-    record = {"format": FORMAT, "json": text, "tensors": tensors,
-              "sha256": _digest(text, tensors)}
-    return lambda f: torch.save(record, f)
-
-
-def encode(payload: dict) -> bytes:
-    """The checkpoint file's bytes for ``payload``."""
-    buf = io.BytesIO()
-    _writer(payload)(buf)
-    return buf.getvalue()
-
-
-def decode(data: bytes, where: str) -> dict:
-    """The payload in checkpoint bytes; :class:`CheckpointError` naming ``where`` if damaged."""
-    def bad(why: str) -> CheckpointError:
-        return CheckpointError(where, f"a complete rayfl checkpoint ({why})")
-
-    try:
-        raw = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError:  # the weights-only unpickler refused foreign content
-        raise bad("damaged, or holding objects other than tensors and plain data") from None
-    except Exception as e:  # noqa: BLE001 — any failure of the (code-free) reader: damaged
-        raise bad(f"unreadable: {(str(e).splitlines() or [type(e).__name__])[0][:160]}") from None
-    if not isinstance(raw, dict) or raw.get("format") not in FORMATS:
-        raise bad(f"not a {FORMAT} file")
-    text, tensors = raw.get("json"), raw.get("tensors")
-    if not isinstance(text, str) or not isinstance(tensors, list) or not all(
-            isinstance(t, torch.Tensor) for t in tensors):
-        raise bad("malformed contents")
-    if raw.get("sha256") != _digest(text, tensors):
-        raise bad("checksum mismatch: the file is corrupted")
-    return _decode(json.loads(text), tensors)
 
 
 def kept_name(round_: int) -> str:
@@ -220,10 +80,10 @@ def save(location: str, payload: dict, keep: bool = False) -> None:
     as the kept checkpoint of its round (written first, so the latest never lags it)."""
     if isinstance(payload.get("versions"), np.ndarray):
         payload = {**payload, "versions": _sparse(payload["versions"])}
-    storage, writer = Storage(location), _writer(payload)
+    storage, write = Storage(location), writer(payload)
     if keep:
-        storage.write_with(kept_name(payload["round"] + 1), writer, durable=True)
-    storage.write_with(NAME, writer, durable=True)
+        storage.write_with(kept_name(payload["round"] + 1), write, durable=True)
+    storage.write_with(NAME, write, durable=True)
 
 
 def load(location: str, name: str = NAME) -> dict:
@@ -275,9 +135,6 @@ def identity(cfg) -> dict:
     """A run's identity as its checkpoints record it: the config values that can change its
     results (:func:`rayfl.rundir.result_keys`) but its name, in JSON's types as
     ``fingerprint.json`` holds them."""
-    from rayfl import config as config_mod
-    from rayfl.rundir import result_keys
-
     values = {k: v for k, v in result_keys(config_mod.to_dict(cfg)).items() if k not in UNNAMED}
     return json.loads(json.dumps(values, allow_nan=False))
 
@@ -287,8 +144,6 @@ def state_stamp(values: dict) -> dict[str, np.ndarray]:
     fingerprint's) records of it (:mod:`rayfl.runtime.state_store`): the seed, the algorithm and
     a digest of the other :data:`SHARED` values away from their defaults (a fork shares its
     source's files, and a key a later version adds keeps the digest)."""
-    from rayfl.rundir import default_of
-
     shared = {k: v for k, v in values.items()
               if any(k == f or k.startswith(f) for f in SHARED) and v != default_of(k)}
     digest = hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).digest()
@@ -314,8 +169,6 @@ def check_identity(ck: dict, values: dict | None, where: str) -> None:
     """Refuse (:class:`CheckpointError` naming ``where`` and the first key that differs) a
     checkpoint written by a run other than the one that started with ``values``; a checkpoint
     without an identity (rayfl 0.1, 0.2) or a run without ``values`` is not checked."""
-    from rayfl.rundir import default_of, differences
-
     found = ck.get(IDENTITY) if isinstance(ck, dict) else None
     if not isinstance(found, dict) or values is None:
         return
@@ -356,8 +209,6 @@ def resume_point(location: str, run_dir: str) -> bool:
     that is damaged, or missing although the run committed one, is a CheckpointError naming it and
     the kept checkpoints there are, instead of a silent restart from round 1."""
     if exists(location):
-        from rayfl.rundir import started_with
-
         try:
             verify(location, started_with(run_dir))
         except CheckpointError as e:
@@ -413,8 +264,6 @@ def restore(template, found, where: str):
     """``found`` (a checkpoint's tree as read) rebuilt in the classes of ``template`` (the run's
     fresh tree); a :class:`CheckpointError` naming ``where`` and the first difference when the two
     are not the same structure."""
-    from rayfl.layers import mismatch
-
     tree = _rebuild(template, found)
     problem = mismatch(template, tree)
     if problem:

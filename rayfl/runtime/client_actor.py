@@ -21,7 +21,7 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import algorithms
+from rayfl import assemble
 from rayfl.contract import Lent, calling, name_of
 from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.models import FlatModel, build_for
@@ -87,7 +87,7 @@ class WorkerParts:
     def of(cls, cfg, num_clients: int, stack: Stack | None = None) -> "WorkerParts":
         """The parts of a run's config (``stack``: the one the caller built already)."""
         rt = cfg.runtime
-        return cls(stack or algorithms.build(cfg, num_clients), cfg.model,
+        return cls(stack or assemble.stack(cfg, num_clients), cfg.model,
                    spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor,
                    checkpoint.state_stamp(checkpoint.identity(cfg)), rt.deterministic_gpu)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from rayfl import registry
-from rayfl.runtime.executor_kind import declaration_problem
+from rayfl.runtime.executor_declaration import declaration_problem
 from rayfl.runtime.storage import check_location
 from rayfl.schema import ConfigError, field
 

@@ -1,12 +1,11 @@
-"""An executor's contract: what its class declares (``on_ray``, ``copies_parts``, a classmethod
-``build``), what ``build`` must return (an object answering the four calls of
-:class:`~rayfl.runtime.loop.Executor`), and, for a user's executor, each call's answer held to
-its shape — so a broken executor is one line naming it, where it is registered, named in a
+"""An executor's contract once built (its class's declarations:
+:mod:`rayfl.runtime.executor_declaration`): what ``build`` must return (an object answering the
+four calls of :class:`~rayfl.runtime.loop.Executor`), and, for a user's executor, each call's
+answer held to its shape — so a broken executor is one line naming it, where it is registered, named in a
 config, built, or called."""
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import numpy as np
@@ -14,24 +13,8 @@ import numpy as np
 from rayfl import registry
 from rayfl.contract import calling, describe, expect, name_of
 from rayfl.runtime.aggregate import PartialSum
+from rayfl.runtime.executor_declaration import CALLS
 from rayfl.runtime.storage import CheckpointError
-
-#: the calls the runtime makes on an executor (rayfl.runtime.loop.Executor)
-CALLS = ("run", "summaries", "client_scores", "client_losses")
-
-
-def declaration_problem(obj: Any) -> str | None:
-    """What is wrong with an executor class's declarations, or None."""
-    if not isinstance(obj, type):
-        return f"an executor class (got {describe(obj)})"
-    if not isinstance(getattr(obj, "on_ray", None), bool):
-        return "an executor: a class with on_ray (True or False) and a classmethod build(hosting)"
-    if not isinstance(getattr(obj, "copies_parts", False), bool):
-        return f"copies_parts True or False (got {describe(obj.copies_parts)})"
-    if not inspect.ismethod(getattr(obj, "build", None)):
-        return "an executor: a class with on_ray (True or False) and a classmethod build(hosting)"
-    return None
-
 
 def built(kind: type, hosting) -> Any:
     """``kind.build(hosting)``, checked to answer every call; a user's executor comes back

@@ -16,7 +16,7 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import algorithms, privacy, registry
+from rayfl import assemble, privacy, registry
 from rayfl.availability import run_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
@@ -27,8 +27,8 @@ from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
 from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, state_store, storage
-from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.client_actor import WorkerParts, model_for
+from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.executor_kind import built
 from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
@@ -54,7 +54,7 @@ class Server:
         self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
-        self.stack = stack if stack is not None else algorithms.build(cfg, handle.num_clients)
+        self.stack = stack if stack is not None else assemble.stack(cfg, handle.num_clients)
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
         self.loss_fn = criterion(handle)

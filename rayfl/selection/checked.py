@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from rayfl.contract import ComponentError, calling, describe, name_of
-from rayfl.runtime.checkpoint import unencodable
+from rayfl.runtime.checkpoint_file import unencodable
 
 SHOWN = 5  # offending ids quoted in a message
 

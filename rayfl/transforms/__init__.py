@@ -23,68 +23,21 @@ upload on the virtual clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-import torch
-
 from rayfl import schema
-from rayfl.algorithms.base import Vec
-from rayfl.layers import ClientContext, Facts, Layer, LayerTraits
+from rayfl.layers import ClientContext, Facts
 from rayfl.schema import ConfigError, NoParams
+from rayfl.transforms.base import ClipParams, ClipUpdate, Identity, Transform
+from rayfl.transforms.compress import QSGD, RandK, TopK, entry_of
+from rayfl.transforms.dp import GaussianDP
+from rayfl.transforms.robust import Attack, Krum, Median, TrimmedMean
+from rayfl.transforms.secagg import SecAgg
 
-__all__ = ["ClientContext", "NoParams", "Transform", "REGISTRY", "transforms_of"]
-
-
-class Transform(Layer):
-    """A layer of ``aggregation.transforms``: identity by default; a step without per-client
-    state or broadcast values overrides :meth:`client`."""
-
-    def client(self, delta: Vec, t: int, client: int) -> Vec:
-        """Client ``client``'s upload Δ_i of round ``t`` as it is summed."""
-        return delta
-
-    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
-        return self.client(delta, t, client)
+__all__ = ["ClientContext", "ClipParams", "ClipUpdate", "Identity", "NoParams", "Transform",
+           "REGISTRY", "transforms_of"]
 
 
-class Identity(Transform):
-    """Leaves every update and the sum unchanged."""
-
-    name = "identity"
-
-
-@dataclass(frozen=True)
-class ClipParams:
-    """Per-client update-norm clipping."""
-
-    max_norm: float = schema.field(1.0, doc="S: each client update Δ_i is scaled to ‖Δ_i‖ ≤ S",
-                                   lo=0.0, lo_open=True)
-
-
-class ClipUpdate(Transform):
-    """Δ_i ← Δ_i · min(1, S / (‖Δ_i‖ + 1e-6)) (``torch.nn.utils.clip_grad_norm_``'s rule), the
-    user-level clipping of DP-FedAvg and norm bounding against attackers (Sun et al., 2019); a
-    client's own state still sees its unclipped model."""
-
-    name = "clip"
-    Params = ClipParams
-    traits = LayerTraits(search_space={
-        "aggregation.transforms.clip.max_norm": {"low": 0.1, "high": 10.0, "log": True}})
-
-    def client(self, delta: Vec, t: int, client: int) -> Vec:
-        norm = torch.linalg.vector_norm(delta)
-        return delta * torch.clamp(self.p.max_norm / (norm + 1e-6), max=1.0)
-
-
-REGISTRY: dict[str, type[Transform]] = {"identity": Identity, "clip": ClipUpdate}
-
-
-def _register_builtins() -> None:
-    from rayfl.transforms.compress import QSGD, RandK, TopK
-    from rayfl.transforms.robust import Attack, Krum, Median, TrimmedMean
-    from rayfl.transforms.secagg import SecAgg
-
-    for cls in (QSGD, TopK, RandK, SecAgg, Median, TrimmedMean, Krum, Attack):
-        REGISTRY[cls.name] = cls
+REGISTRY: dict[str, type[Transform]] = {cls.name: cls for cls in (
+    Identity, ClipUpdate, QSGD, TopK, RandK, SecAgg, Median, TrimmedMean, Krum, Attack)}
 
 
 def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[dict]:
@@ -105,8 +58,6 @@ def entries_of(cfg) -> list[tuple[str, dict]]:
     out = [(f"aggregation.transforms[{i}]", e) for i, e in enumerate(cfg.aggregation.transforms)]
     comp = getattr(cfg, "compression", None)
     if comp is not None:
-        from rayfl.transforms.compress import entry_of
-
         out.append(("compression", entry_of(comp)))
     return out
 
@@ -139,10 +90,6 @@ def transforms_of(cfg, facts: Facts | None = None) -> list[Transform]:
         facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, cfg.data.num_clients)
     steps: list[Transform] = [cls(params, facts) for _, cls, params in _configured(cfg)]
     if cfg.privacy is not None:
-        from rayfl.transforms.dp import GaussianDP
-
         steps.append(GaussianDP.of(cfg.privacy, facts))
     return steps
 
-
-_register_builtins()

@@ -20,7 +20,8 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Vec
-from rayfl.transforms import ClientContext, Transform
+from rayfl.layers import ClientContext
+from rayfl.transforms.base import Transform
 
 INDEX_BYTES = 4
 

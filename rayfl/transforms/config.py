@@ -8,6 +8,7 @@ from typing import Literal, Optional
 
 from rayfl.privacy.rules import check_section
 from rayfl.schema import ConfigError, field
+from rayfl.transforms import validate
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,6 @@ class AggregationConfig:
                                    "η_g = 1)", lo=0.0, hi=1.0, lo_open=True)
 
     def check(self, prefix: str) -> None:
-        from rayfl.transforms import validate
-
         validate(self.transforms, f"{prefix}.transforms")
         if self.mode == "fedasync" and self.buffer_size not in (None, 1):
             raise ConfigError(f"{prefix}.buffer_size", self.buffer_size,

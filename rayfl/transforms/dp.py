@@ -32,12 +32,12 @@ import torch
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.contract import ComponentError
-from rayfl.layers import Facts, LayerTraits
+from rayfl.layers import ClientContext, Facts, LayerTraits
 from rayfl.privacy import bands_of
 from rayfl.privacy.audit import Canaries
 from rayfl.privacy.banded import BandedNoise, coefficients
 from rayfl.privacy.tree import TreeNoise
-from rayfl.transforms import ClientContext, Transform
+from rayfl.transforms.base import Transform
 
 
 @dataclass(frozen=True)

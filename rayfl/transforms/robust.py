@@ -36,9 +36,9 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.schema import ConfigError
-from rayfl.layers import LayerTraits
-from rayfl.transforms import ClientContext, NoParams, Transform
+from rayfl.layers import ClientContext, LayerTraits
+from rayfl.schema import ConfigError, NoParams
+from rayfl.transforms.base import Transform
 
 
 

@@ -26,7 +26,7 @@ from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.algorithms.checks import effective_weighting
 from rayfl.layers import Facts, LayerTraits
 from rayfl.schema import ConfigError
-from rayfl.transforms import Transform
+from rayfl.transforms.base import Transform
 
 
 @dataclass(frozen=True)

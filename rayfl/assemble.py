@@ -1,0 +1,56 @@
+"""The run's layer stack built from its config: the algorithm with its server optimiser, the
+``wrappers`` around it and the aggregation transforms (:class:`~rayfl.layers.Stack`)."""
+
+from __future__ import annotations
+
+from rayfl.algorithms import registry
+from rayfl.algorithms.checks import effective_weighting
+from rayfl.algorithms.server_opt import ServerOpt
+from rayfl.algorithms.wrapper import wrappers_of
+from rayfl.contract import ComponentError, calling, describe, expect, name_of
+from rayfl.layers import Facts, Stack
+from rayfl.schema import ConfigError
+from rayfl.transforms import transforms_of
+
+
+def stack(cfg, num_clients: int) -> Stack:
+    """The run's :class:`~rayfl.layers.Stack`: the configured algorithm with its server
+    optimiser, the ``wrappers`` around it and the aggregation transforms."""
+    cls = registry.get(cfg.algorithm.name)
+    # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
+    momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
+    with calling(name_of(cls, "__init__")):  # the user's own failure while being built
+        algo = cls(cfg.algorithm.params, weighting=effective_weighting(cls, cfg),
+                   num_clients=num_clients, local_momentum=momentum)
+    if cfg.server_opt is None:
+        opt = algo.default_server_opt()
+    else:
+        o = cfg.server_opt
+        lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
+        opt = server_opt_of(o, lr)
+    facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
+    return Stack(algo, opt, wrappers_of(cfg, facts), transforms_of(cfg, facts))
+
+
+def server_opt_of(section, lr: float):
+    """The ``server_opt`` section's optimiser at learning rate ``lr``, its contract checked: a
+    :class:`~rayfl.algorithms.server_opt.ServerOpt` (one ComponentError line otherwise; a
+    ConfigError on ``server_opt.name`` when what it names cannot be called so)."""
+    component = section.component()
+    where = name_of(component)
+    expected = "a callable optimizer(section, lr) returning a ServerOpt"
+    if not callable(component):
+        raise ConfigError("server_opt.name", section.name, f"{expected} (it names "
+                                                           f"{describe(component)})")
+    try:
+        with calling(where):
+            opt = component(section, lr)
+    except ComponentError as e:
+        if e.frames:  # raised in the user's own code: named by its frames
+            raise
+        raise ConfigError("server_opt.name", section.name,
+                          f"{expected} (calling {where}(section, lr) {e.problem})") from None
+    expect(isinstance(opt, ServerOpt), where,
+           f"returned {describe(opt)}, not a ServerOpt(init, update) "
+           "(rayfl.algorithms.server_opt)")
+    return opt
