@@ -101,14 +101,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("package", nargs="?", default="rayfl")
-    ap.add_argument("--list", action="store_true")
-    args = ap.parse_args()
-    known = modules(args.package)
-    if not known:
-        sys.exit(f"{args.package}: no Python files there")
+def knots(package: str) -> tuple[dict[str, str], list[tuple[str, int, str]], list[list[str]]]:
+    """(modules, function-local imports as (module, line, statement), circles) of ``package``."""
+    known = modules(package)
     graph: dict[str, set[str]] = {m: set() for m in known}
     local = []
     for name, path in sorted(known.items()):
@@ -120,14 +115,24 @@ def main() -> None:
                 graph[name].update(imported(node, name, path.endswith("__init__.py"), known))
                 if id(node) in inside:
                     local.append((name, node.lineno, ast.unparse(node)))
-    knots = circles(graph)
+    return known, local, circles(graph)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("package", nargs="?", default="rayfl")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args()
+    known, local, found = knots(args.package)
+    if not known:
+        sys.exit(f"{args.package}: no Python files there")
     print(f"{args.package}: {len(known)} modules, {len(local)} imports inside functions, "
-          f"{len(knots)} import circle(s)" +
-          "".join(f"; a circle of {len(k)} modules" for k in knots))
+          f"{len(found)} import circle(s)" +
+          "".join(f"; a circle of {len(k)} modules" for k in found))
     if args.list:
         for name, line, text in local:
             print(f"  {name}:{line}  {text}")
-        for k in knots:
+        for k in found:
             print("circle:", " ".join(k))
 
 
