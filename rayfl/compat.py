@@ -6,7 +6,8 @@ one place that reads them against the rest of the config. A :class:`Rule` is a c
 config key it refuses and the reason; :func:`check` raises the first one that holds as a
 :class:`~rayfl.schema.ConfigError` naming the key (exit 2, before anything starts). Rules that
 need the model (its BatchNorm buffers) run once the model is built (``check_model``).
-A component's rules on its own keys stay in its ``check_config``.
+Every rule reading two sections of the config is here; a section's rules on its own keys stay
+in its ``check`` and a component's in its ``check_config``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rayfl import registry
+from rayfl import privacy, registry
 from rayfl.algorithms import registry as algorithms
 from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.checks import effective_weighting
@@ -100,6 +101,17 @@ _ASYNC = "with aggregation.mode "
 
 #: the rules, in the order they are checked
 RULES: tuple[Rule, ...] = (
+    # ----- the run's sizes against its data and rounds --------------------------------------
+    Rule("clients_per_round", lambda r: r.cfg.clients_per_round > _trainable(r.cfg),
+         lambda r: f"at most data.num_clients - data.validation_clients = {_trainable(r.cfg)}"),
+    *(Rule(key, lambda r, key=key: bool(_outside_rounds(r.cfg, key)),
+           lambda r: f"a round in [1, {r.cfg.rounds}] (rounds count from 1)",
+           value=lambda r, key=key: _outside_rounds(r.cfg, key)[0])
+      for key in ("keep.rounds", "checkpoint.keep")),
+    Rule("eval.clients", lambda r: r.cfg.eval.clients > _trainable(r.cfg),
+         lambda r: f"at most data.num_clients - data.validation_clients = {_trainable(r.cfg)}"),
+    Rule("eval.clients", lambda r: bool(r.cfg.eval.clients) and not r.cfg.data.client_holdout,
+         lambda r: "0 unless data.client_holdout > 0 (the clients' held-out rows it scores on)"),
     # ----- the algorithm against the local optimiser ---------------------------------------
     Rule("aggregation.weighting",
          lambda r: r.cfg.aggregation.weighting not in ("auto", "samples", "uniform",
@@ -174,6 +186,29 @@ RULES: tuple[Rule, ...] = (
                    "enforced where a synchronous round selects its cohort, and the noise is "
                    "indexed by rounds; the asynchronous modes dispatch one client at a time "
                    "and step on arrivals)"),
+    # ----- privacy: its keys against the run -------------------------------------------------
+    *(Rule(f"privacy.{key}", lambda r, key=key: _mechanism(r) is not None
+           and getattr(r.cfg.privacy, key) is not None
+           and getattr(r.cfg.privacy, key) > r.cfg.rounds,
+           lambda r: f"at most rounds = {r.cfg.rounds}")
+      for key in ("bands", "restart")),  # DP-FTRL's and banded MF's (None under dp_fedavg)
+    Rule("privacy.public_reports",
+         lambda r: _mechanism(r) is not None and bool(r.cfg.privacy.public_reports)
+         and all(registry.is_builtin(s.KIND, s.component_name)
+                 for s in (r.cfg.algorithm, *r.cfg.wrappers)),
+         lambda r: "[] when the algorithm and the wrappers are rayfl's own: none of them sends "
+                   "a report beside the update"),
+    Rule("privacy.adaptive_clip.count_noise",
+         lambda r: _mechanism(r) is not None and r.cfg.privacy.adaptive_clip is not None
+         and 2 * _count_noise(r.cfg) <= r.cfg.privacy.noise_multiplier,
+         lambda r: f"σ_b > z/2 = {r.cfg.privacy.noise_multiplier / 2:g} (the count's noise "
+                   f"takes a share of z; null means clients_per_round/20 = "
+                   f"{r.cfg.clients_per_round / 20:g})"),
+    Rule("privacy.target_epsilon",
+         lambda r: _mechanism(r) is not None and r.cfg.privacy.target_epsilon is not None
+         and _first_epsilon(r.cfg) > r.cfg.privacy.target_epsilon,
+         lambda r: f"at least one round's ε = {_first_epsilon(r.cfg):.4g} (raise it, or the "
+                   "noise)"),
     # ----- robust rules read single updates ---------------------------------------------------
     *(Rule(key, lambda r, when=when: any(c.traits.needs_updates for c in _transform_classes(r))
            and when(r), lambda r, why=why: f"{why(r)} with {_robust(r)}", value=value)
@@ -264,6 +299,22 @@ def _mechanism(run: Run) -> str | None:
 
 def _trainable(cfg) -> int:
     return cfg.data.num_clients - cfg.data.validation_clients
+
+
+def _outside_rounds(cfg, key: str) -> list[int]:
+    """The rounds listed at ``key`` outside [1, rounds]."""
+    return [t for t in _value(cfg, key) if not 1 <= t <= cfg.rounds]
+
+
+def _count_noise(cfg) -> float:
+    """σ_b of adaptive clipping's noised count (null: clients_per_round / 20)."""
+    given = cfg.privacy.adaptive_clip.count_noise
+    return given if given is not None else cfg.clients_per_round / 20
+
+
+def _first_epsilon(cfg) -> float:
+    """ε after one round under the configured mechanism and accountant."""
+    return privacy.accountant(cfg).epsilon(1)
 
 
 def _concurrency(cfg) -> int:

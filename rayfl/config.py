@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import compat, privacy, schema, yamlio
+from rayfl import compat, schema, yamlio
 from rayfl.algorithms import legacy, wrapper
 from rayfl.algorithms.base import declaration_problem
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
@@ -23,7 +23,6 @@ from rayfl.contract import calling, name_of
 from rayfl.data.config import DataConfig
 from rayfl.metrics.config import EvalConfig, LoggersConfig
 from rayfl.models.config import ModelConfig
-from rayfl.privacy import rules as privacy_rules
 from rayfl.privacy.rules import check_given
 from rayfl.runtime.config import CheckpointConfig, KeepConfig, LocalConfig, RuntimeConfig
 from rayfl.schema import ConfigError, field
@@ -35,38 +34,6 @@ from rayfl.transforms.config import AggregationConfig, CompressionConfig, Privac
 ENTRY_LISTS = ("wrappers", "aggregation.transforms")
 MAX_ROUNDS = 10**6  # rounds (server updates): more is a typo, not an experiment
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
-
-
-def memory_bytes() -> int:
-    """Physical memory of this machine (the limit sizes are checked against)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 2**40
-
-
-def check_memory(cfg: "Config") -> None:
-    """Refuse sizes whose arrays could not fit in memory, before anything allocates them.
-
-    Counted: per-client bookkeeping (offsets, sizes, state versions, sampling pools: ~64 bytes a
-    client) and, for the generated datasets, their float32 rows."""
-    d, limit = cfg.data, memory_bytes()
-    per_client = 64 * d.num_clients
-    if per_client > limit:
-        raise ConfigError("data.num_clients", d.num_clients,
-                          f"a client count whose bookkeeping (~64 bytes each) fits in this "
-                          f"machine's {limit / 2**30:.0f} GiB")
-    if d.dataset.startswith("synthetic"):
-        rows = d.num_clients * d.samples_per_client + d.test_samples
-        need = 4 * rows * (d.features + 1) + 8 * d.classes * d.features + per_client
-        if need > limit:
-            default = DataConfig()
-            sizes = ("num_clients", "samples_per_client", "test_samples", "features", "classes")
-            key = max(sizes, key=lambda k: getattr(d, k) / getattr(default, k))  # the outlier
-            raise ConfigError(f"data.{key}", getattr(d, key),
-                              f"a synthetic dataset that fits in memory: (num_clients × "
-                              f"samples_per_client + test_samples) × features floats need "
-                              f"{need / 2**30:.3g} GiB of this machine's {limit / 2**30:.0f} GiB")
 
 
 @dataclass(frozen=True)
@@ -116,34 +83,6 @@ class Config:
             raise ConfigError("name", self.name, "1 to 100 letters, digits, '.', '_', '+' or "
                               "'-', not starting with '.' (it names a directory inside "
                               "output_dir)")
-        check_memory(self)
-        trainable = self.data.num_clients - self.data.validation_clients
-        if self.clients_per_round > trainable:
-            raise ConfigError("clients_per_round", self.clients_per_round,
-                              f"at most data.num_clients - data.validation_clients = {trainable}")
-        for key, rounds in (("keep.rounds", self.keep.rounds),
-                            ("checkpoint.keep", self.checkpoint.keep)):
-            bad = [r for r in rounds if not 1 <= r <= self.rounds]
-            if bad:
-                raise ConfigError(key, bad[0], f"a round in [1, {self.rounds}] (rounds count "
-                                               f"from 1)")
-        if self.eval.clients > trainable:
-            raise ConfigError("eval.clients", self.eval.clients,
-                              f"at most data.num_clients - data.validation_clients = {trainable}")
-        if self.eval.clients and not self.data.client_holdout:
-            raise ConfigError("eval.clients", self.eval.clients,
-                              "0 unless data.client_holdout > 0 (the clients' held-out rows it "
-                              "scores on)")
-        if self.eval.finetune_steps and not self.eval.clients:
-            raise ConfigError("eval.finetune_steps", self.eval.finetune_steps,
-                              "0 unless eval.clients > 0 (the fine-tuned model is scored only "
-                              "by the per-client evaluation, on data.client_holdout rows)")
-        if self.eval.finetune_lr is not None and not self.eval.finetune_steps:
-            raise ConfigError("eval.finetune_lr", self.eval.finetune_lr,
-                              "null unless eval.finetune_steps > 0 (it is those steps' rate)")
-        if self.runtime.num_actors > self.runtime.logical_shards:
-            raise ConfigError("runtime.num_actors", self.runtime.num_actors,
-                              f"at most runtime.logical_shards = {self.runtime.logical_shards}")
 
 
 def from_dict(raw: dict) -> Config:
@@ -171,29 +110,7 @@ def from_dict(raw: dict) -> Config:
     check_run(cfg)
     wrapper.check_run(cfg)
     compat.check(cfg)
-    check_privacy(cfg)
     return cfg
-
-
-def check_privacy(cfg: Config) -> None:
-    """The ``privacy`` section's own rules: the count's noise share, a reachable target ε."""
-    if cfg.privacy is None:
-        return
-    privacy_rules.check_run(cfg)
-    ad = cfg.privacy.adaptive_clip
-    if ad is not None:
-        sigma = ad.count_noise if ad.count_noise is not None else cfg.clients_per_round / 20
-        if 2 * sigma <= cfg.privacy.noise_multiplier:
-            raise ConfigError("privacy.adaptive_clip.count_noise", ad.count_noise,
-                              f"σ_b > z/2 = {cfg.privacy.noise_multiplier / 2:g} (the count's "
-                              f"noise takes a share of z; null means clients_per_round/20 = "
-                              f"{cfg.clients_per_round / 20:g})")
-    target = cfg.privacy.target_epsilon
-    if target is not None:
-        first = privacy.accountant(cfg).epsilon(1)
-        if first > target:
-            raise ConfigError("privacy.target_epsilon", target,
-                              f"at least one round's ε = {first:.4g} (raise it, or the noise)")
 
 
 def to_dict(cfg: Config) -> dict:

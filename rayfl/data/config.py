@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
@@ -13,6 +14,38 @@ def is_natural(dataset) -> bool:
     """Whether a dataset component gives every training row a writer/user (``natural = True``),
     so that ``partition: natural`` can split by it."""
     return bool(getattr(dataset, "natural", False))
+
+
+def memory_bytes() -> int:
+    """Physical memory of this machine (the limit sizes are checked against)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**40
+
+
+def check_memory(d: "DataConfig") -> None:
+    """Refuse sizes whose arrays could not fit in memory, before anything allocates them.
+
+    Counted: per-client bookkeeping (offsets, sizes, state versions, sampling pools: ~64 bytes a
+    client) and, for the generated datasets, their float32 rows."""
+    limit = memory_bytes()
+    per_client = 64 * d.num_clients
+    if per_client > limit:
+        raise ConfigError("data.num_clients", d.num_clients,
+                          f"a client count whose bookkeeping (~64 bytes each) fits in this "
+                          f"machine's {limit / 2**30:.0f} GiB")
+    if d.dataset.startswith("synthetic"):
+        rows = d.num_clients * d.samples_per_client + d.test_samples
+        need = 4 * rows * (d.features + 1) + 8 * d.classes * d.features + per_client
+        if need > limit:
+            default = DataConfig()
+            sizes = ("num_clients", "samples_per_client", "test_samples", "features", "classes")
+            key = max(sizes, key=lambda k: getattr(d, k) / getattr(default, k))  # the outlier
+            raise ConfigError(f"data.{key}", getattr(d, key),
+                              f"a synthetic dataset that fits in memory: (num_clients × "
+                              f"samples_per_client + test_samples) × features floats need "
+                              f"{need / 2**30:.3g} GiB of this machine's {limit / 2**30:.0f} GiB")
 
 
 @dataclass(frozen=True)
@@ -95,6 +128,7 @@ class DataConfig(registry.Named):
                               "'equal' unless data.partition is iid or label_dirichlet, or "
                               f"data.dataset is synthetic_fedprox (the {self.partition} "
                               "partition decides its own sizes)")
+        check_memory(self)
         if self.validation_clients >= self.num_clients:
             raise ConfigError(f"{prefix}.validation_clients", self.validation_clients,
                               f"fewer than data.num_clients = {self.num_clients}")

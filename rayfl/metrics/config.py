@@ -41,6 +41,15 @@ class EvalConfig:
     finetune_lr: Optional[float] = field(None, doc="learning rate of those steps (default: "
                                                    "local.lr)", lo=0.0, lo_open=True)
 
+    def check(self, prefix: str) -> None:
+        if self.finetune_steps and not self.clients:
+            raise ConfigError(f"{prefix}.finetune_steps", self.finetune_steps,
+                              "0 unless eval.clients > 0 (the fine-tuned model is scored only "
+                              "by the per-client evaluation, on data.client_holdout rows)")
+        if self.finetune_lr is not None and not self.finetune_steps:
+            raise ConfigError(f"{prefix}.finetune_lr", self.finetune_lr,
+                              "null unless eval.finetune_steps > 0 (it is those steps' rate)")
+
 
 @dataclass(frozen=True)
 class LoggersConfig:

@@ -1,9 +1,9 @@
-"""The ``privacy`` keys' rules: which key belongs to which mechanism, and what DP-FTRL and banded
-MF need from the rest of the run (a ConfigError naming the key and the reason)."""
+"""The ``privacy`` keys' rules: which key belongs to which mechanism, and the keys a client half
+sent (a ConfigError naming the key and the reason); what the mechanisms need of the rest of the
+run is in :mod:`rayfl.compat`'s table."""
 
 from __future__ import annotations
 
-from rayfl import registry
 from rayfl.schema import ConfigError
 
 #: keys that only some mechanisms read -> those mechanisms
@@ -64,24 +64,6 @@ def check_given(raw) -> None:
                           "a privacy section that also sets its noise (privacy.noise_multiplier "
                           "and privacy.clip_norm): public_reports and audit_canaries describe a "
                           "private run, they do not make one")
-
-
-def check_run(cfg) -> None:
-    """DP-FTRL's and banded MF's keys against the run's rounds, and public reports against the
-    components that could send them (what the mechanisms need of the rest of the run —
-    uniform selection, independent availability, synchronous rounds — is in
-    :mod:`rayfl.compat`)."""
-    p = cfg.privacy
-    for key in ("bands", "restart"):  # DP-FTRL's and banded MF's (None under dp_fedavg)
-        value = getattr(p, key)
-        if value is not None and value > cfg.rounds:
-            raise ConfigError(f"privacy.{key}", value, f"at most rounds = {cfg.rounds}")
-    own = [s for s in (cfg.algorithm, *cfg.wrappers)
-           if not registry.is_builtin(s.KIND, s.component_name)]
-    if p.public_reports and not own:
-        raise ConfigError("privacy.public_reports", p.public_reports,
-                          "[] when the algorithm and the wrappers are rayfl's own: none of them "
-                          "sends a report beside the update")
 
 
 def check_sent(p, sent: set[str]) -> None:

@@ -108,6 +108,9 @@ class RuntimeConfig:
             port = int(self.address.rsplit(":", 1)[1])
             if not 0 < port < 65536:
                 raise ConfigError(f"{prefix}.address", self.address, "a port in [1, 65535]")
+        if self.num_actors > self.logical_shards:
+            raise ConfigError(f"{prefix}.num_actors", self.num_actors,
+                              f"at most runtime.logical_shards = {self.logical_shards}")
         if self.storage is not None:
             check_location(f"{prefix}.storage", self.storage)
 
