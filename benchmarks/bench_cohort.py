@@ -49,31 +49,36 @@ def load(clients: int, per_round: int, rounds: int, work: str):
     return cfg, prepare(cfg.data, cfg.seed)
 
 
-def plain_rounds(cfg, handle, rounds: list, barrier) -> list[float]:
-    """Seconds of each round of a plain one-thread loop over its clients; every round starts
-    when both processes reach ``barrier``."""
-    import torch
+class PlainClients:
+    """The floor's worker: a plain one-thread loop over a round's clients (read the client's
+    rows, ``torch.optim.SGD`` on a shuffled batch, add n·w to the sum)."""
 
-    from rayfl.models import build_for
+    def __init__(self, cfg, handle):
+        import torch
 
-    torch.set_num_threads(1)
-    reader = handle.open()
-    torch.manual_seed(cfg.seed)
-    model = build_for(cfg.model, handle)
-    params = list(model.parameters())
-    start_w = [p.detach().clone() for p in params]
-    loss_fn, batch = torch.nn.CrossEntropyLoss(), cfg.local.batch_size
-    seconds = []
-    for t, clients in enumerate(rounds):
-        barrier.wait()
+        from rayfl.models import build_for
+
+        torch.set_num_threads(1)
+        self.cfg, self.reader = cfg, handle.open()
+        torch.manual_seed(cfg.seed)
+        self.model = build_for(cfg.model, handle)
+        self.params = list(self.model.parameters())
+        self.start_w = [p.detach().clone() for p in self.params]
+
+    def round(self, t: int, clients) -> float:
+        """Seconds to train ``clients`` in round ``t``."""
+        import torch
+
+        model, params, batch = self.model, self.params, self.cfg.local.batch_size
+        loss_fn = torch.nn.CrossEntropyLoss()
         tick = time.perf_counter()
         total = [torch.zeros_like(p) for p in params]
         for c in clients:
-            x, y = reader.tensors(*reader.client(int(c)), "cpu")
+            x, y = self.reader.tensors(*self.reader.client(int(c)), "cpu")
             with torch.no_grad():
-                for p, w in zip(params, start_w):
+                for p, w in zip(params, self.start_w):
                     p.copy_(w)
-            opt = torch.optim.SGD(params, lr=cfg.local.lr)
+            opt = torch.optim.SGD(params, lr=self.cfg.local.lr)
             perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(t + int(c)))
             for b in range(0, len(y), batch):
                 idx = perm[b:b + batch]
@@ -83,7 +88,16 @@ def plain_rounds(cfg, handle, rounds: list, barrier) -> list[float]:
             with torch.no_grad():
                 for s, p in zip(total, params):
                     s.add_(p, alpha=float(len(y)))
-        seconds.append(time.perf_counter() - tick)
+        return time.perf_counter() - tick
+
+
+def plain_rounds(cfg, handle, rounds: list, barrier) -> list[float]:
+    """Seconds of each round of a :class:`PlainClients` loop over its clients; every round
+    starts when both processes reach ``barrier``."""
+    worker, seconds = PlainClients(cfg, handle), []
+    for t, clients in enumerate(rounds):
+        barrier.wait()
+        seconds.append(worker.round(t, clients))
     return seconds
 
 
