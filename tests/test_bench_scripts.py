@@ -1,0 +1,46 @@
+"""The cohort benchmarks run end to end on a small cohort and print what they promise (their
+numbers are for a quiet machine, not for a test)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+NUMBER = r"\d+\.\d+"
+
+
+def _run(script: str, *args: str) -> list[str]:
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.splitlines()
+
+
+def test_bench_cohort_prints_each_pass_and_the_spread():
+    lines = _run("bench_cohort.py", "--clients", "2000", "--per-round", "100", "--rounds", "3",
+                 "--passes", "1")
+    (row,) = [line for line in lines if re.match(r"\s+1\s+100\s", line)]
+    assert len(re.findall(NUMBER, row)) == 6, row
+    assert lines[-2] == "min–max over the passes"
+    assert len(re.findall(rf"{NUMBER}–{NUMBER}", lines[-1])) == 6, lines[-1]
+
+
+def test_bench_actor_pair_prints_each_round_and_the_ratio():
+    lines = _run("bench_actor_pair.py", "--clients", "2000", "--per-round", "100",
+                 "--rounds", "3")
+    rounds = [line for line in lines if re.match(r"\s+[123]\s+\d", line)]
+    assert len(rounds) == 3 and all(len(re.findall(NUMBER, r)) == 3 for r in rounds), lines
+    assert re.fullmatch(rf"actor/plain over rounds 2–3: median {NUMBER}, min–max {NUMBER}–"
+                        rf"{NUMBER}; everything else took {NUMBER} % of the two cores while "
+                        r"the actors trained", lines[-1]), lines[-1]
+
+
+def test_bench_scripts_refuse_too_few_rounds():
+    for script in ("bench_cohort.py", "bench_actor_pair.py"):
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script),
+                              "--rounds", "1"], cwd=ROOT, capture_output=True, text=True)
+        assert out.returncode == 2 and "--rounds 1: expected ≥" in out.stderr, out.stderr
