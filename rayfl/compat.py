@@ -143,6 +143,10 @@ RULES: tuple[Rule, ...] = (
          lambda r: f"no wrapper averaging server models over rounds around {r.name} "
                    f"({r.traits.averaging})",
          value=lambda r: next(c.name for _, c in r.wrappers if c.traits.averages_rounds)),
+    # ----- a transport layer: the server sees only the sum ----------------------------------
+    Rule("aggregation.weighting", lambda r: r.transport() is not None and r.weighting != "uniform",
+         lambda r: f"uniform with {' = '.join(r.transport())} (secure aggregation reveals only "
+                   "the sum of the updates)"),
     # ----- privacy (DP-FedAvg) ----------------------------------------------------------------
     Rule("algorithm.name",
          lambda r: r.cfg.privacy is not None and not r.traits.dp_post_processing,

@@ -65,6 +65,8 @@ def test_secagg_needs_uniform_weights_and_counts_b_bits_a_coordinate():
         config_mod.load(TINY, ["aggregation.transforms=[{name: secagg, bits: 16}]",
                                "aggregation.weighting=samples"])
     assert e.value.key == "aggregation.weighting"
+    assert ("uniform with aggregation.transforms[0] = secagg (secure aggregation reveals only "
+            "the sum of the updates)") in str(e.value)
     cfg = config_mod.load(TINY, ["aggregation.transforms=[{name: secagg, bits: 12}]",
                                  "aggregation.weighting=uniform"])
     stack = build(cfg, 20)

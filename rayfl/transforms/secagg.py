@@ -23,9 +23,7 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.algorithms.checks import effective_weighting
 from rayfl.layers import Facts, LayerTraits
-from rayfl.schema import ConfigError
 from rayfl.transforms.base import Transform
 
 
@@ -57,14 +55,6 @@ class SecAgg(Transform):
         if self.params.max_clients == 0:  # m defaults to the round's clients
             self.params = dataclasses.replace(self.params,
                                               max_clients=self.facts.clients_per_round)
-
-    @classmethod
-    def check_config(cls, params, cfg, where: str) -> None:
-        weighting = cfg.aggregation.weighting
-        if effective_weighting(cfg.algorithm.component(), cfg) != "uniform":
-            raise ConfigError("aggregation.weighting", weighting,
-                              f"uniform with {where} = secagg (secure aggregation reveals "
-                              "only the sum of the updates)")
 
     @property
     def frac_bits(self) -> int:
