@@ -24,7 +24,7 @@ from rayfl import assemble, rundir
 from rayfl import config as config_mod
 from rayfl.config import ConfigError
 from rayfl.metrics import tables
-from rayfl.runtime import checkpoint, storage
+from rayfl.runtime import checkpoint, run_state, storage
 from rayfl.runtime.messages import message_name
 from rayfl.runtime.state_store import state_name
 from rayfl.runtime.storage import Storage
@@ -57,6 +57,12 @@ def fork_config(source_dir: str, at: int, overrides: list[str] | None):
                           "model, algorithm.name, privacy and seed; start a new run instead)")
     if cfg.rounds <= at:
         raise ConfigError("rounds", cfg.rounds, f"more than the fork round {at}")
+    was, now = source.aggregation.mode, cfg.aggregation.mode
+    if was != now:
+        what = "synchronous rounds" if was == "sync" else \
+            "event loop, with the clients in flight in it and what it kept for them"
+        raise ConfigError("aggregation.mode", now, f"{was!r}, the source run's (a fork continues "
+                                                   f"the source's {what})")
     return source, cfg
 
 
@@ -100,6 +106,10 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
         raise ConfigError("--at", at, str(e)) from None
     ck.pop("transforms", None)  # rayfl 0.1 kept them beside the state
     ck.pop("buffers", None)
+    if cfg.selection.name != source.selection.name:  # another selector learns from scratch
+        ck["selection"] = None
+    run_state.restored(ck, run_state.expected(cfg, handle.num_clients),
+                       Storage(src_location).path(checkpoint.kept_name(at)))
     return launch(cfg, parts, run_dir, resume=True, new=True, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round,
                   write=lambda d: _copy_prefix(source, source_dir, cfg, d, ck),

@@ -32,7 +32,7 @@ from rayfl.metrics.files import write_json
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
-from rayfl.runtime import checkpoint, storage
+from rayfl.runtime import checkpoint, run_state, storage
 from rayfl.runtime.client_actor import ClientActor, WorkerParts
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
 from rayfl.runtime.executors import ActorsLost
@@ -360,5 +360,8 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     rundir.check_metrics(run_dir)
     parts = preflight(cfg)
+    if has_checkpoint:  # every piece of the checkpoint fits the run, before anything starts
+        run_state.restored(checkpoint.load(location), run_state.expected(
+            cfg, parts.handle.num_clients), checkpoint.path_of(location), parts.stack)
     return launch(cfg, parts, run_dir, resume=has_checkpoint, new=False, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round)

@@ -30,12 +30,17 @@ from rayfl.privacy.participation import Participation, Schema
 CORRELATED = ("dp_ftrl", "banded_mf")  # mechanisms whose guarantee bounds participation
 
 
+def bounds_participation(p) -> bool:
+    """Whether a ``privacy`` section's mechanism bounds participation (its run keeps a record
+    of every round's participants)."""
+    return p is not None and p.mechanism in CORRELATED
+
+
 def participation(cfg, num_clients: int) -> Participation | None:
     """The participation record of a run whose mechanism bounds participation (else None)."""
-    p = cfg.privacy
-    if p is None or p.mechanism not in CORRELATED:
+    if not bounds_participation(cfg.privacy):
         return None
-    return Participation(num_clients, schema_of(p))
+    return Participation(num_clients, schema_of(cfg.privacy))
 
 
 def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
@@ -57,6 +62,6 @@ def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
         "epsilon_individual_median": float(np.median(eps)) if len(eps) else 0.0}}
 
 
-__all__ = ["CORRELATED", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
+__all__ = ["CORRELATED", "bounds_participation", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
            "accountant", "accounting", "bands_of", "calibrate", "epsilon", "participation",
            "report", "round_event", "rounds_within", "schema_of"]

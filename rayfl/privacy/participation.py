@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 
 NEVER = np.iinfo(np.int64).min // 2  # "last round" of a client that never took part
 FILE = "participation.parquet"
+STATE = ("sizes", "clients")  # the entries of its checkpointed state (:meth:`Participation.state`)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Participation:
         """Every round's participants, flattened (plain data for the checkpoint)."""
         sizes = np.array([len(r) for r in self.rounds], dtype=np.int64)
         flat = np.concatenate(self.rounds) if self.rounds else np.zeros(0, dtype=np.int64)
-        return {"sizes": sizes, "clients": flat}
+        return dict(zip(STATE, (sizes, flat)))
 
     def load_state(self, state: dict) -> None:
         """Continue from :meth:`state`."""

@@ -132,6 +132,10 @@ def discounted(ps: PartialSum, s: float) -> PartialSum:
                                delta_sq=float(torch.dot(delta.double(), delta.double())))
 
 
+#: the entries of an event loop's checkpoint snapshot (:meth:`AsyncLoop.snapshot`)
+SNAPSHOT = ("now", "version", "dispatches", "waves", "seq", "window_start", "jobs", "sent")
+
+
 class AsyncLoop:
     """The event logic: clock, slots, arrivals, the trigger and staleness; everything else is
     the :class:`~rayfl.runtime.loop.RoundLoop`'s (``rounds``). :meth:`step` runs until the next
@@ -274,10 +278,10 @@ class AsyncLoop:
             out["result"] = None if j.result is None else vars(j.result)
             return out
 
-        return {"now": self.now, "version": self.version, "dispatches": self.dispatches,
-                "waves": self.waves, "seq": self.seq, "window_start": self.window.start,
-                "jobs": [job(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
-                "sent": [[v, x] for v, x in sorted(self.sent.items())]}
+        return dict(zip(SNAPSHOT, (
+            self.now, self.version, self.dispatches, self.waves, self.seq, self.window.start,
+            [job(j) for j in sorted(self.jobs.values(), key=lambda j: j.seq)],
+            [[v, x] for v, x in sorted(self.sent.items())])))
 
     def restore(self, snap: dict) -> None:
         self.now, self.version = snap["now"], snap["version"]

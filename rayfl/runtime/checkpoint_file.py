@@ -56,6 +56,8 @@ def _encode(obj, tensors: list[torch.Tensor]):
         return {_TUPLE: items} if isinstance(obj, tuple) else items
     if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
         return {k: _encode(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, Slot):  # a checkpoint's dataclass as read: written back as it was
+        return {_SLOT: [obj.name, {k: _encode(v, tensors) for k, v in obj.fields.items()}]}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {_SLOT: [type(obj).__name__, {f.name: _encode(getattr(obj, f.name), tensors)
                                              for f in dataclasses.fields(obj)}]}

@@ -26,7 +26,7 @@ from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
 from rayfl.privacy.statement import epsilon_label
-from rayfl.runtime import async_loop, checkpoint, state_store, storage
+from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storage
 from rayfl.runtime.client_actor import WorkerParts, model_for
 from rayfl.runtime.client_eval import ClientEvaluation
 from rayfl.runtime.executor_kind import built
@@ -96,27 +96,37 @@ class Server:
         x0 = self.model.w.detach().clone()
         self.state = self.stack.init(x0, self.model.get_buffers() if self.model.num_buffers
                                      else None)
-        self.prev_delta = None
-        self.next_round = 0
-        self.virtual_time = 0.0
-        self.elapsed_before = 0.0
+        self.prev_delta, self.virtual_time = None, 0.0
+        self.next_round, self.elapsed_before = 0, 0.0
         if self.algorithm.traits.has("setup"):
             self.state = self.loop.setup(self.state)
 
+    def _record(self, t: int, elapsed: float) -> run_state.RunState:
+        """The run's state after round ``t``, as a checkpoint holds it."""
+        return run_state.RunState(t, self.state, self.loop.versions, self.prev_delta,
+                                  self.virtual_time, elapsed,
+                                  None if self.asynchronous is None else
+                                  self.asynchronous.snapshot(), self.sampler.selector.state(),
+                                  None if self.participation is None else
+                                  self.participation.state())
+
     def _restore(self, ck: dict) -> None:
-        self.state = checkpoint.server_state(self.stack, ck, checkpoint.path_of(self.location))
-        self.loop.versions = ck["versions"]
-        self.prev_delta, self.next_round = ck["prev_delta"], ck["round"] + 1
-        self.virtual_time, self.elapsed_before = ck["virtual_time"], ck["elapsed"]
-        self.log.truncate(ck["round"])
+        where = checkpoint.path_of(self.location)
+        run = run_state.restored(ck, run_state.expected(self.cfg, len(self.sizes)), where,
+                                 self.stack)
+        self.state, self.loop.versions = run.state, run.versions
+        self.prev_delta, self.next_round = run.prev_delta, run.round + 1
+        self.virtual_time, self.elapsed_before = run.virtual_time, run.elapsed
+        self.log.truncate(run.round)
         if self.client_eval is not None:
-            self.client_eval.log.truncate(ck["round"] + 1)
+            self.client_eval.log.truncate(run.round + 1)
         checkpoint.prune_state(self.state_root, self.loop.versions, self.pinned)
         if self.asynchronous is not None:
-            self.asynchronous.restore(ck["asynchronous"])
-        self.sampler.selector.load_state(ck.get("selection"))
+            self.asynchronous.restore(run.asynchronous)
+        if run.selection is not None:  # None: nothing learnt (or a fork changed the selector)
+            self.sampler.selector.load_state(run.selection)
         if self.participation is not None:
-            self.participation.load_state(ck["participation"])
+            self.participation.load_state(run.participation)
 
     # ----- the loop ----------------------------------------------------------------------
     def progress(self, since: int = 0) -> list[dict]:
@@ -294,16 +304,8 @@ class Server:
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
         keep = t + 1 in self.cfg.checkpoint.keep
-        checkpoint.save(self.location, {
-            checkpoint.IDENTITY: self.identity,
-            "round": t, "state": self.state, "versions": self.loop.versions,
-            "prev_delta": self.prev_delta, "virtual_time": self.virtual_time,
-            "elapsed": elapsed,
-            "asynchronous": None if self.asynchronous is None else
-            self.asynchronous.snapshot(),
-            "selection": self.sampler.selector.state(),
-            "participation": None if self.participation is None else
-            self.participation.state()}, keep=keep)
+        checkpoint.save(self.location, {checkpoint.IDENTITY: self.identity,
+                                         **self._record(t, elapsed).payload()}, keep=keep)
         if keep:
             v = self.loop.versions
             self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))
