@@ -52,9 +52,11 @@ def fork_config(source_dir: str, at: int, overrides: list[str] | None):
     changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k)
                      and any(k == f or k.startswith(f) for f in FIXED))
     if changed:
-        raise ConfigError(", ".join(changed), new.get(changed[0]),
-                          f"the source run's value {old.get(changed[0])!r} (a fork keeps data, "
-                          "model, algorithm.name, privacy and seed; start a new run instead)")
+        more = f"; {len(changed) - 1} other such key(s) differ too" if len(changed) > 1 else ""
+        raise ConfigError(changed[0], new.get(changed[0], "<unset>"),
+                          f"the source run's value {old.get(changed[0], '<unset>')!r} (a fork "
+                          f"keeps data, model, algorithm.name, privacy and seed; start a new run "
+                          f"instead{more})")
     if cfg.rounds <= at:
         raise ConfigError("rounds", cfg.rounds, f"more than the fork round {at}")
     was, now = source.aggregation.mode, cfg.aggregation.mode
@@ -94,7 +96,11 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     checkpoint.check_states(storage.state_root(source, source_dir), versions,
                             checkpoint.identity(source))
     run_dir = os.path.abspath(run_dir or new_run_dir(cfg))
+    if os.path.realpath(run_dir).startswith(os.path.realpath(source_dir) + os.sep):
+        raise ConfigError("--run-dir", run_dir, f"a directory outside the source run "
+                          f"{source_dir} (a fork only reads its source)")
     rundir.check_new(run_dir)
+    rundir.check_metrics(source_dir, at)
     storage.check_new_run(cfg, run_dir)
     parts = preflight(cfg)
     handle, stack = parts.handle, parts.stack
@@ -108,8 +114,8 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     ck.pop("buffers", None)
     if cfg.selection.name != source.selection.name:  # another selector learns from scratch
         ck["selection"] = None
-    run_state.restored(ck, run_state.expected(cfg, handle.num_clients),
-                       Storage(src_location).path(checkpoint.kept_name(at)))
+    expect = run_state.expected(cfg.aggregation, cfg.privacy, handle.num_clients)
+    run_state.restored(ck, expect, Storage(src_location).path(checkpoint.kept_name(at)))
     return launch(cfg, parts, run_dir, resume=True, new=True, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round,
                   write=lambda d: _copy_prefix(source, source_dir, cfg, d, ck),

@@ -192,15 +192,27 @@ def default_of(key: str):
 _NO_DEFAULT = object()
 
 
-def check_metrics(run_dir: str) -> None:
-    """A run to resume has a readable ``metrics.parquet`` (or none yet)."""
+def check_metrics(run_dir: str, done: int = 0) -> None:
+    """A run to resume (or fork) has a readable ``metrics.parquet`` holding a row of each of
+    its first ``done`` rounds, once (rows of later rounds: written before a crash, dropped by
+    the resume); with ``done`` 0, none at all is fine."""
     path = os.path.join(run_dir, "metrics.parquet")
     if not os.path.exists(path):
+        if done:
+            raise ConfigError("run_dir", path, f"the metrics rows of rounds 1–{done}, which the "
+                              "run's checkpoint covers (the file is missing)")
         return
     try:
-        names = pq.read_schema(path).names
-    except (OSError, pa.ArrowException) as e:
-        raise ConfigError("run_dir", path, f"a readable Parquet file ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:200]})") from None
-    if "round" not in names:
-        raise ConfigError("run_dir", path, "rayfl's metrics table (a 'round' column)")
+        rounds = pq.read_table(path).column("round").to_pylist()  # every column reads
+    except (OSError, KeyError, pa.ArrowException) as e:
+        raise ConfigError("run_dir", path, f"rayfl's metrics table, readable, with a 'round' "
+                          f"column ({type(e).__name__}: {' '.join(str(e).split())[:200]})"
+                          ) from None
+    have = sorted(r for r in rounds if r is not None and r <= done)
+    if have != list(range(1, done + 1)):
+        missing = sorted(set(range(1, done + 1)) - set(have))
+        twice = sorted({r for r in have if have.count(r) > 1})
+        raise ConfigError("run_dir", path, f"one row of each of rounds 1–{done}, which the run's "
+                          "checkpoint covers (" + (f"round {missing[0]} is missing" if missing
+                                                    else f"round {twice[0]} is there twice") +
+                          "; the table belongs to another run, or was edited)")

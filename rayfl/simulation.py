@@ -358,10 +358,13 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     if not has_checkpoint and not quiet:
         print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
-    rundir.check_metrics(run_dir)
+    provenance.load(run_dir)
     parts = preflight(cfg)
+    done = 0
     if has_checkpoint:  # every piece of the checkpoint fits the run, before anything starts
-        run_state.restored(checkpoint.load(location), run_state.expected(
-            cfg, parts.handle.num_clients), checkpoint.path_of(location), parts.stack)
+        expect = run_state.expected(cfg.aggregation, cfg.privacy, parts.handle.num_clients)
+        done = 1 + run_state.restored(checkpoint.load(location), expect,
+                                      checkpoint.path_of(location), parts.stack).round
+    rundir.check_metrics(run_dir, done)
     return launch(cfg, parts, run_dir, resume=has_checkpoint, new=False, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round)

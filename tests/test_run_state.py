@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 import rayfl
+from rayfl.cli import main
 from rayfl.config import ConfigError
 from rayfl.fork import fork
 from rayfl.runtime import checkpoint
@@ -149,3 +152,78 @@ def test_a_fork_to_another_selector_starts_it_with_nothing_learnt(tiny, tmp_path
     assert mine.summary["model_sha256"] == uniform.summary["model_sha256"]
     assert np.array_equal(checkpoint.load(mine.run_dir)["versions"],
                           checkpoint.load(uniform.run_dir)["versions"])
+
+
+def _cut(path: str) -> None:
+    """metrics.parquet keeping its first row only."""
+    table = pq.read_table(path)
+    pq.write_table(table.slice(0, 1), path)
+
+
+def _twice(path: str) -> None:
+    """metrics.parquet with its second row there twice."""
+    table = pq.read_table(path)
+    pq.write_table(pa.concat_tables([table.slice(0, 2), table.slice(1, 1)]), path)
+
+
+def _flipped(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (os.remove, "the file is missing"), (_cut, "round 2 is missing"),
+    (_twice, "round 2 is there twice"), (_flipped, "readable")],
+    ids=["deleted", "cut", "twice", "flipped"])
+def test_metrics_that_do_not_cover_the_checkpoint_are_refused_before_a_resume(
+        tiny, capsys, damage, says):
+    """The checkpoint of round 2 needs rows 1 and 2: a table without them (deleted, cut,
+    another run's) would lose or mix rows silently; one that does not read is one line."""
+    run_dir = _paused(tiny)
+    damage(os.path.join(run_dir, "metrics.parquet"))
+    before = _files(run_dir)
+    assert main(["resume", run_dir, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "metrics.parquet" in err[0] and says in err[0], err
+    assert _files(run_dir) == before
+
+
+def test_a_damaged_provenance_record_is_refused_before_a_resume(tiny, capsys):
+    run_dir = _paused(tiny)
+    with open(os.path.join(run_dir, "provenance.json"), "wb") as f:
+        f.write(bytes(range(128, 228)))
+    before = _files(run_dir)
+    assert main(["resume", run_dir, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "provenance.json" in err[0] and "JSON object" in err[0], err
+    assert _files(run_dir) == before
+
+
+def test_a_fork_into_its_source_directory_is_refused(tiny):
+    src = _kept(tiny)
+    before = _files(src.run_dir)
+    with pytest.raises(ConfigError, match="outside the source run") as e:
+        fork(src.run_dir, 2, run_dir=os.path.join(src.run_dir, "sub"), quiet=True)
+    assert e.value.key == "--run-dir"
+    assert _files(src.run_dir) == before and not os.path.exists(os.path.join(src.run_dir, "sub"))
+
+
+def test_a_fork_of_a_source_whose_metrics_lack_the_kept_rounds_is_refused(tiny, tmp_path):
+    src = _kept(tiny)
+    _cut(os.path.join(src.run_dir, "metrics.parquet"))
+    with pytest.raises(ConfigError, match="round 2 is missing"):
+        fork(src.run_dir, 2, run_dir=str(tmp_path / "f"), quiet=True)
+    assert not (tmp_path / "f").exists()
+
+
+def test_a_fork_that_adds_a_privacy_section_names_one_key(tiny, tmp_path):
+    """The source has none: every key of the section differs; the error names the first."""
+    src = _kept(tiny)
+    with pytest.raises(ConfigError) as e:
+        fork(src.run_dir, 2, DP_FTRL, run_dir=str(tmp_path / "f"), quiet=True)
+    assert e.value.key.startswith("privacy.") and "," not in e.value.key
+    assert "other such key(s) differ too" in str(e.value)
+    assert not (tmp_path / "f").exists()

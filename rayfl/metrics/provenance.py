@@ -14,7 +14,7 @@ import platform
 import subprocess
 import sys
 
-from rayfl.config import to_dict
+from rayfl.config import ConfigError, to_dict
 from rayfl.metrics.files import write_json
 from rayfl.version import PACKAGE_DIR, __version__
 
@@ -69,9 +69,18 @@ def record(run_dir: str, cfg, forked_from: dict | None = None) -> dict:
 
 
 def load(run_dir: str) -> dict:
-    """``provenance.json`` of a run directory ({} when absent)."""
+    """``provenance.json`` of a run directory ({} when absent); a ConfigError naming it when it
+    is not a JSON object."""
     path = os.path.join(run_dir, PROVENANCE)
     if not os.path.isfile(path):
         return {}
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError among them
+        info = e
+    if not isinstance(info, dict):
+        raise ConfigError("run_dir", path, "rayfl's provenance record, a JSON object (" + (
+            f"{type(info).__name__}: {' '.join(str(info).split())[:120]}"
+            if isinstance(info, Exception) else f"it holds a {type(info).__name__}") + ")")
+    return info

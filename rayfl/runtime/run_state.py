@@ -60,10 +60,11 @@ class Expected:
     participation: tuple[str, ...] | None
 
 
-def expected(cfg, num_clients: int) -> Expected:
-    """The pieces of a checkpoint of ``cfg``'s run over ``num_clients`` clients."""
-    return Expected(num_clients, None if cfg.aggregation.mode == "sync" else SNAPSHOT,
-                    PARTICIPATION if bounds_participation(cfg.privacy) else None)
+def expected(aggregation, privacy, num_clients: int) -> Expected:
+    """The pieces of a checkpoint of a run with these ``aggregation`` and ``privacy`` sections
+    over ``num_clients`` clients."""
+    return Expected(num_clients, None if aggregation.mode == "sync" else SNAPSHOT,
+                    PARTICIPATION if bounds_participation(privacy) else None)
 
 
 def restored(ck: dict, expect: Expected, where: str, stack=None) -> RunState:

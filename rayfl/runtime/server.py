@@ -112,8 +112,8 @@ class Server:
 
     def _restore(self, ck: dict) -> None:
         where = checkpoint.path_of(self.location)
-        run = run_state.restored(ck, run_state.expected(self.cfg, len(self.sizes)), where,
-                                 self.stack)
+        expect = run_state.expected(self.cfg.aggregation, self.cfg.privacy, len(self.sizes))
+        run = run_state.restored(ck, expect, where, self.stack)
         self.state, self.loop.versions = run.state, run.versions
         self.prev_delta, self.next_round = run.prev_delta, run.round + 1
         self.virtual_time, self.elapsed_before = run.virtual_time, run.elapsed
