@@ -44,3 +44,12 @@ def test_bench_scripts_refuse_too_few_rounds():
         out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script),
                               "--rounds", "1"], cwd=ROOT, capture_output=True, text=True)
         assert out.returncode == 2 and "--rounds 1: expected ≥" in out.stderr, out.stderr
+
+
+def test_bench_client_path_prints_both_sides_and_the_pieces():
+    lines = _run("bench_client_path.py", "--clients", "2000", "--chunk", "50", "--chunks", "2")
+    assert re.match(rf"rayfl's client path: +{NUMBER} µs a client", lines[1]), lines
+    assert re.match(rf"plain loop: +{NUMBER} µs a client", lines[2]), lines
+    assert re.match(rf"besides training: -?{NUMBER} µs a client \({NUMBER}×\)", lines[3]), lines
+    assert lines[4] == "per-client pieces alone, µs:" and len(lines) == 10, lines
+    assert all(re.match(rf"\s+{NUMBER}  \S", line) for line in lines[5:]), lines
