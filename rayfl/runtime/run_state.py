@@ -3,10 +3,10 @@
 The server writes a :class:`RunState` at each checkpoint — the server state tree, the client
 state versions, the previous round's mean update, the virtual clock, the time run so far, the
 event loop's snapshot, the selector's and the participation record's state — and a resume or a
-fork reads one back with :func:`restored`, every piece checked against the run's own fresh
-record by structure, so a checkpoint that does not fit the run is a
-:class:`~rayfl.runtime.storage.CheckpointError` naming the piece and what was expected, before
-any of it is used. The file holds the record's fields under their names, as rayfl 0.1 and 0.2
+fork reads one back with :func:`restored`, every piece checked against what the run expects
+(:class:`Expected`; the tree by structure against the run's layers), so a checkpoint that does
+not fit the run is a :class:`~rayfl.runtime.storage.CheckpointError` naming the piece and what
+was expected, before any of it is used. The file holds the record's fields under their names, as rayfl 0.1 and 0.2
 wrote them (those files resume).
 """
 
@@ -97,8 +97,8 @@ def restored(ck: dict, expect: Expected, where: str, stack=None) -> RunState:
         raise fail("asynchronous", "nothing (synchronous rounds)" if expect.asynchronous is None
                    else f"the event loop's snapshot ({', '.join(expect.asynchronous)})", snap)
     part = ck.get("participation") if expect.participation is not None else None  # 0.1: none
-    if not _entries(part, expect.participation) or (
-            part is not None and len(part["sizes"]) != round_ + 1):
+    if not _entries(part, expect.participation) or (part is not None and not (
+            isinstance(part["sizes"], np.ndarray) and part["sizes"].shape == (round_ + 1,))):
         raise fail("participation", f"the participants of rounds 1–{round_ + 1}", part)
     return RunState(round_, state, versions, prev, float(ck["virtual_time"]),
                     float(ck["elapsed"]), snap, ck.get("selection"), part)
