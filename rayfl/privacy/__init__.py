@@ -62,6 +62,6 @@ def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
         "epsilon_individual_median": float(np.median(eps)) if len(eps) else 0.0}}
 
 
-__all__ = ["CORRELATED", "bounds_participation", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
-           "accountant", "accounting", "bands_of", "calibrate", "epsilon", "participation",
-           "report", "round_event", "rounds_within", "schema_of"]
+__all__ = ["CORRELATED", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
+           "accountant", "accounting", "bands_of", "bounds_participation", "calibrate", "epsilon",
+           "participation", "report", "round_event", "rounds_within", "schema_of"]

@@ -6,8 +6,8 @@ event loop's snapshot, the selector's and the participation record's state — a
 fork reads one back with :func:`restored`, every piece checked against what the run expects
 (:class:`Expected`; the tree by structure against the run's layers), so a checkpoint that does
 not fit the run is a :class:`~rayfl.runtime.storage.CheckpointError` naming the piece and what
-was expected, before any of it is used. The file holds the record's fields under their names, as rayfl 0.1 and 0.2
-wrote them (those files resume).
+was expected, before any of it is used. The file holds the record's fields under their names,
+as rayfl 0.1 and 0.2 wrote them (those files resume).
 """
 
 from __future__ import annotations
