@@ -22,7 +22,7 @@ from rayfl.algorithms.checks import effective_weighting
 from rayfl.algorithms.wrapper import wrapper_classes
 from rayfl.models.flat import persistent_buffers
 from rayfl.schema import ConfigError, to_dict
-from rayfl.transforms import REGISTRY, entries_of
+from rayfl.transforms import class_of, entries_of
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,10 @@ class Run:
     wrappers: tuple
     transforms: tuple
     buffers: bool = False  # the model has buffers (BatchNorm statistics)
+
+    def named(self, where: str) -> str:
+        """The name the config gives the wrapper at ``where`` (``wrappers[1]``)."""
+        return self.cfg.wrappers[int(where[len("wrappers["):-1])].name
 
     @property
     def name(self) -> str:
@@ -54,7 +58,7 @@ class Run:
         """(where, name) of the first transport layer configured — the server sees only the
         sum of the uploads (SecAgg); None: none is."""
         return next(((where, n) for where, n in self.transforms
-                     if n in REGISTRY and REGISTRY[n].traits.transport), None)
+                     if class_of(n, where).traits.transport), None)
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ RULES: tuple[Rule, ...] = (
                                                           for _, c in r.wrappers),
          lambda r: f"no wrapper averaging server models over rounds around {r.name} "
                    f"({r.traits.averaging})",
-         value=lambda r: next(c.name for _, c in r.wrappers if c.traits.averages_rounds)),
+         value=lambda r: next(r.named(w) for w, c in r.wrappers if c.traits.averages_rounds)),
     # ----- a transport layer: the server sees only the sum ----------------------------------
     Rule("aggregation.weighting", lambda r: r.transport() is not None and r.weighting != "uniform",
          lambda r: f"uniform with {' = '.join(r.transport())} (secure aggregation reveals only "
@@ -235,9 +239,9 @@ RULES: tuple[Rule, ...] = (
                    "client trained in; a client's update here joins a later server step)"),
     Rule(lambda r: next(f"{w}.name" for w, c in r.wrappers if c.traits.asynchronous),
          lambda r: r.mode != "sync" and any(c.traits.asynchronous for _, c in r.wrappers),
-         lambda r: next(f"no {c.name} wrapper ({c.traits.asynchronous}) {_ASYNC}{r.mode}"
-                        for _, c in r.wrappers if c.traits.asynchronous),
-         value=lambda r: next(c.name for _, c in r.wrappers if c.traits.asynchronous)),
+         lambda r: next(f"no {r.named(w)} wrapper ({c.traits.asynchronous}) {_ASYNC}{r.mode}"
+                        for w, c in r.wrappers if c.traits.asynchronous),
+         value=lambda r: next(r.named(w) for w, c in r.wrappers if c.traits.asynchronous)),
     *(Rule(key, lambda r, bad=bad: r.mode != "sync" and bad(r.cfg),
            lambda r, why=why: f"{why} {_ASYNC}{r.mode}", value=value)
       for key, bad, why, value in (
@@ -288,8 +292,8 @@ RULES: tuple[Rule, ...] = (
            lambda r: "with a privacy section (the statistics are client data and would be "
                      "averaged without clipping or noise)"),
           (lambda r: any(c.traits.buffers for _, c in r.wrappers),
-           lambda r: next(f"with wrapper {c.name} ({c.traits.buffers})"
-                          for _, c in r.wrappers if c.traits.buffers)),
+           lambda r: next(f"with wrapper {r.named(w)} ({c.traits.buffers})"
+                          for w, c in r.wrappers if c.traits.buffers)),
           (lambda r: r.mode != "sync",
            lambda r: f"with aggregation.mode {r.mode} (statistics of models of different "
                      "ages)"))),
@@ -326,12 +330,13 @@ def _concurrency(cfg) -> int:
 
 
 def _transform_classes(run: Run) -> list:
-    return [REGISTRY[name] for _, name in run.transforms if name in REGISTRY]
+    return [class_of(name, where) for where, name in run.transforms]
 
 
 def _robust(run: Run) -> str:
-    """The first robust rule configured, by name."""
-    return next(c.name for c in _transform_classes(run) if c.traits.needs_updates)
+    """The first robust rule configured, as the config names it."""
+    return next(name for where, name in run.transforms
+                if class_of(name, where).traits.needs_updates)
 
 
 def run_of(cfg, buffers: bool = False) -> Run:

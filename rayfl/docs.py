@@ -9,7 +9,6 @@ from rayfl import config, registry
 from rayfl.algorithms import registry as algorithms
 from rayfl.config import Config
 from rayfl.schema import ConfigError, describe_fields
-from rayfl.transforms import REGISTRY
 
 #: the config key naming each kind of component -> that kind
 NAMING_KEYS = {key: kind for kind, key in registry.KEYS.items()}
@@ -108,12 +107,15 @@ OPTIONAL_SECTIONS = ("privacy", "compression")  # sections that are off (null) b
 
 TRANSFORMS_INTRO = """## `aggregation.transforms` entries
 
-Each entry is `{name: NAME, <keys>}`. Client sides run in list order inside the worker, then the
-`compression` step, then the `privacy` mechanism's clipping, then `secagg` (the transport);
-server sides run in reverse order on the round's sum. Every step reports the bytes a client
-uploads for its update (`upload_bytes` per round in metrics.parquet, an algorithm's extra
-payload not counted; the virtual clock times the upload at that size). Error-feedback
-residuals are client state in the state store (checkpointed, resumed).
+Each entry is `{name: NAME, <keys>}`: NAME is a built-in below, a `package.module:Name`
+reference to a `rayfl.transforms.Transform` subclass of your own (its `Params` keys sit beside
+its name, as a built-in's do) or a name given to `rayfl.register_transform`. Client sides run
+in list order inside the worker, then the `compression` step, then the `privacy` mechanism's
+clipping, then `secagg` (the transport); server sides run in reverse order on the round's sum.
+Every step reports the bytes a client uploads for its update (`upload_bytes` per round in
+metrics.parquet, an algorithm's extra payload not counted; the virtual clock times the upload
+at that size). Error-feedback residuals are client state in the state store (checkpointed,
+resumed).
 SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
 clients that completed. The robust rules (`median`, `trimmed_mean`, `krum`) replace the mean
 by a statistic of every update at once, so the server holds the round's m updates (m × d
@@ -148,9 +150,10 @@ def _expand(rows, section, prefix: str):
 
 
 def transform_reference() -> list[str]:
-    """One table per registered aggregation transform."""
+    """One table per built-in aggregation transform."""
     rows = [TRANSFORMS_INTRO]
-    for name, cls in sorted(REGISTRY.items()):
+    for name in sorted(registry.BUILTINS["transform"]):
+        cls = registry.resolve("transform", name)
         doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
         rows += [f"### `{name}`", "", " ".join(doc.split()), ""]
         fields = describe_fields(cls.Params, "")

@@ -114,7 +114,7 @@ def fork(source_dir: str, at: int, overrides: list[str] | None = None,
     ck.pop("buffers", None)
     if cfg.selection.name != source.selection.name:  # another selector learns from scratch
         ck["selection"] = None
-    expect = run_state.expected(cfg.aggregation, cfg.privacy, handle.num_clients)
+    expect = run_state.expected(cfg.aggregation, cfg.privacy, handle.num_clients, parts.x)
     run_state.restored(ck, expect, Storage(src_location).path(checkpoint.kept_name(at)))
     return launch(cfg, parts, run_dir, resume=True, new=True, quiet=quiet,
                   max_rounds=max_rounds, on_round=on_round,

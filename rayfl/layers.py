@@ -374,6 +374,9 @@ class Stack:
             [t for t in transforms if t.traits.transport]
         self.layers = self.wrappers + self.transforms  # client order
         self.needs_updates = any(layer.traits.needs_updates for layer in self.layers)
+        #: the layer that privatises the upload (DP), or None
+        self.privatiser = next((layer for layer in self.layers if layer.traits.privatises),
+                               None)
 
     def _slots(self, state: ServerState) -> list:
         return list(state.wrappers) + list(state.transforms)
@@ -474,6 +477,11 @@ class Stack:
             expect(isinstance(agg, Aggregate), name,
                    f"returned {describe(agg)} as the aggregate; expected an Aggregate", t)
             metrics.update(returned_metrics(m, name, t))
+        if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
+            name = name_of(self.optimizer.reset or self.optimizer.init)
+            with calling(name, round=t):
+                srv.opt_state = checkpointable(self.optimizer.restart(state.x), name,
+                                               "a server optimiser state", t)
         name = name_of(self.algorithm, "server_update")
         lent = Lent().add("x", state.x).add("state", state.algorithm).add("agg", agg)
         with calling(name, round=t):
@@ -499,7 +507,7 @@ class Stack:
         """Under a layer that privatises the upload (DP), refuse every report a client sent
         beside it that the layer does not account for: the algorithm's payload keys and every
         other layer's, but for those declared public (a ComponentError naming the sender)."""
-        guard = next((layer for layer in self.layers if layer.traits.privatises), None)
+        guard = self.privatiser
         if guard is None:
             return
         sent = [(name_of(self.algorithm, "client_train"), key) for key in algorithm_keys]

@@ -52,17 +52,20 @@ from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 from rayfl.runtime.executors import Hosting, InProcessExecutor
 from rayfl.runtime.loop import RoundLoop, merge
 from rayfl.schema import ConfigError
+from rayfl.transforms import user_classes
 
 
 def user_components(cfg) -> dict[str, bool]:
     """Which parts of the run come from the user: ``sampling`` (availability model, selector)
-    and ``training`` (algorithm, server wrappers, server optimiser, model, dataset)."""
+    and ``training`` (algorithm, server wrappers, aggregation transforms, server optimiser,
+    model, dataset)."""
     def mine(section) -> bool:
         return not registry.is_builtin(section.KIND, section.component_name)
 
     return {"sampling": mine(cfg.availability) or mine(cfg.selection),
             "training": any(map(mine, (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data,
-                                       *[s for s in (cfg.server_opt,) if s is not None])))}
+                                       *[s for s in (cfg.server_opt,) if s is not None])))
+            or bool(user_classes(cfg))}
 
 
 def run(cfg, handle, stack, executor) -> None:

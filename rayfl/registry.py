@@ -1,9 +1,10 @@
 """Components by name: built-ins, ``package.module:Name`` references and objects registered in
 Python.
 
-Eight kinds of component are named in a config: ``algorithm.name``, ``model.name``,
+Nine kinds of component are named in a config: ``algorithm.name``, ``model.name``,
 ``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name``,
-``runtime.executor`` and each ``wrappers`` entry's ``name``. Each accepts a built-in name (the tables below:
+``runtime.executor``, each ``wrappers`` entry's ``name`` and each ``aggregation.transforms``
+entry's ``name``. Each accepts a built-in name (the tables below:
 adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
@@ -41,7 +42,7 @@ from rayfl.version import PACKAGE_DIR
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
         "availability": "availability.model", "selector": "selection.name",
         "wrapper": "wrappers[].name", "server_opt": "server_opt.name",
-        "executor": "runtime.executor"}
+        "executor": "runtime.executor", "transform": "aggregation.transforms[].name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -119,6 +120,18 @@ BUILTINS: dict[str, dict[str, str]] = {
     "wrapper": {
         "ima": "rayfl.algorithms.ima:IMA",
     },
+    "transform": {
+        "identity": "rayfl.transforms.base:Identity",
+        "clip": "rayfl.transforms.base:ClipUpdate",
+        "qsgd": "rayfl.transforms.compress:QSGD",
+        "topk": "rayfl.transforms.compress:TopK",
+        "randk": "rayfl.transforms.compress:RandK",
+        "secagg": "rayfl.transforms.secagg:SecAgg",
+        "median": "rayfl.transforms.robust:Median",
+        "trimmed_mean": "rayfl.transforms.robust:TrimmedMean",
+        "krum": "rayfl.transforms.robust:Krum",
+        "attack": "rayfl.transforms.robust:Attack",
+    },
     "server_opt": {
         "sgd": "rayfl.algorithms.server_opt:sgd_of",
         "momentum": "rayfl.algorithms.server_opt:momentum_of",
@@ -178,7 +191,8 @@ def _import_attr(ref: str) -> Any:
 #: kind -> the class its components subclass (kinds not listed take factories or pairs)
 BASES = {"algorithm": "rayfl.algorithms.base:Algorithm",
          "selector": "rayfl.selection.base:Selector",
-         "availability": "rayfl.availability.base:AvailabilityModel"}
+         "availability": "rayfl.availability.base:AvailabilityModel",
+         "transform": "rayfl.transforms.base:Transform"}
 
 
 def resolve(kind: str, name: str) -> Any:
@@ -246,7 +260,7 @@ def _declared(kind: str, obj: Any) -> str | None:
     where a config names them."""
     if kind == "algorithm" and isinstance(obj, type) and issubclass(obj, Algorithm):
         return algorithm_problem(obj)
-    if kind == "wrapper" and isinstance(obj, type) and issubclass(obj, Layer):
+    if kind in ("wrapper", "transform") and isinstance(obj, type) and issubclass(obj, Layer):
         return layer_problem(obj)
     if kind == "executor":
         return executor_problem(obj)
@@ -497,6 +511,15 @@ def register_wrapper(wrapper: C | None = None, *, name: str | None = None) -> Re
 
     Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
     return register("wrapper", wrapper, name=name)
+
+
+def register_transform(transform: C | None = None, *, name: str | None = None) -> Registered:
+    """Make an ``aggregation.transforms`` entry ``{name: NAME}`` pass every client's upload and
+    the round's aggregate through ``transform``, a subclass of
+    [`Transform`][rayfl.transforms.base.Transform] (its client and server halves).
+
+    Naming and decorator use as [`register_algorithm`][rayfl.registry.register_algorithm]."""
+    return register("transform", transform, name=name)
 
 
 def register_server_opt(optimizer: C | None = None, *, name: str | None = None) -> Registered:

@@ -32,6 +32,7 @@ from rayfl.metrics.files import write_json
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
+from rayfl.models.flat import flat_spec
 from rayfl.runtime import checkpoint, run_state, storage
 from rayfl.runtime.client_actor import ClientActor, WorkerParts
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
@@ -263,11 +264,13 @@ def check_request(cfg: Config, max_rounds: int | None) -> None:
 class Parts(NamedTuple):
     """What a launch hands down, built once on the driver: the partition store's handle, the
     run's stack (algorithm, layers, server optimiser), sent by value to the server and every
-    client actor, and the executor class the server trains on."""
+    client actor, and the executor class the server trains on; ``x`` is what a checkpoint's
+    model must be (its length and dtype)."""
 
     handle: Any
     stack: Any
     executor: Any
+    x: tuple[int, Any]
 
 
 def preflight(cfg: Config) -> Parts:
@@ -288,7 +291,7 @@ def preflight(cfg: Config) -> Parts:
         stack = assemble.stack(cfg, handle.num_clients)  # the layers and server optimiser build
         executor = executor_of(cfg)
         user_preflight.run(cfg, handle, stack, executor)  # the user's components once
-    return Parts(handle, stack, executor)
+    return Parts(handle, stack, executor, flat_spec(model))
 
 
 def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: bool,
@@ -313,7 +316,8 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
                 write(run_dir)
         provenance.record(run_dir, cfg, **({"forked_from": forked_from} if forked_from
                                            else {}))
-        return _execute(cfg, *parts, run_dir, resume, quiet, max_rounds, on_round)
+        return _execute(cfg, parts.handle, parts.stack, parts.executor, run_dir, resume, quiet,
+                        max_rounds, on_round)
     finally:
         lock.release()
 
@@ -362,7 +366,8 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     parts = preflight(cfg)
     done = 0
     if has_checkpoint:  # every piece of the checkpoint fits the run, before anything starts
-        expect = run_state.expected(cfg.aggregation, cfg.privacy, parts.handle.num_clients)
+        expect = run_state.expected(cfg.aggregation, cfg.privacy, parts.handle.num_clients,
+                                    parts.x)
         done = 1 + run_state.restored(checkpoint.load(location), expect,
                                       checkpoint.path_of(location), parts.stack).round
     rundir.check_metrics(run_dir, done)

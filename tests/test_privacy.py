@@ -141,7 +141,7 @@ def test_dp_run_reports_epsilon_stops_at_target_and_resumes_identically(ray_loca
     assert full.summary["epsilon"] == eps[-1] and full.summary["delta"] == 1e-5
     assert not full.summary["stopped_at_target_epsilon"]
     cfg = config_mod.load(TINY, common)
-    assert eps == [privacy.epsilon(t + 1, **privacy.accounting(cfg)) for t in range(6)]
+    assert eps == [privacy.accountant(cfg).epsilon(t + 1) for t in range(6)]
     capped = rayfl.run(TINY, common + [f"privacy.target_epsilon={eps[3] * (1 + 1e-9)}",
                                        "runtime.executor=inprocess"], quiet=True)
     assert capped.metrics.num_rows == 4 and capped.summary["stopped_at_target_epsilon"]

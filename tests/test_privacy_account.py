@@ -190,6 +190,16 @@ def test_a_runs_epsilon_is_dp_accountings_and_above_a_neighbouring_pair(name, ti
     assert any("train_loss" in line for line in stated["outside_guarantee"])
 
 
+def test_epsilon_samples_from_the_training_clients_only(tiny):
+    """Validation clients are never sampled: the rate is 5 of the 16 that train, not of 20."""
+    run = _run("poisson", tiny, "data.validation_clients=4")
+    acc = rdp.RdpAccountant()
+    acc.compose(dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(5 / 16, dpa.GaussianDpEvent(2.0)), 6))
+    assert run.summary["epsilon"] == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    assert run.summary["epsilon"] > _independent("poisson", 6)
+
+
 # ----- nothing leaves a client outside the account -----------------------------------------
 def _cli(args: list[str], tmp_path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT}

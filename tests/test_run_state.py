@@ -82,6 +82,21 @@ def test_a_checkpoint_piece_that_does_not_fit_the_run_is_refused_before_a_resume
     assert _files(run_dir) == before  # nothing written, nothing truncated
 
 
+@pytest.mark.parametrize("edit", [lambda x: x.double(), lambda x: x[:-1],
+                                  lambda x: torch.cat([x, x])], ids=["float64", "short", "long"])
+def test_a_model_the_runs_model_is_not_is_refused_before_a_resume_starts(tiny, edit):
+    """The tree's template is built from the x found: x itself is held to the run's model."""
+    run_dir = _paused(tiny)
+    ck = checkpoint.load(run_dir)
+    ck["state"].fields["x"] = edit(ck["state"].fields["x"])
+    checkpoint.save(run_dir, ck)
+    before = _files(run_dir)
+    with pytest.raises(CheckpointError, match=r"state\.x: expected the model as a vector of \d+ "
+                                              r"torch\.float32 parameters"):
+        rayfl.resume(run_dir, quiet=True)
+    assert _files(run_dir) == before
+
+
 @pytest.mark.parametrize("extra, piece, value, decided", [
     (FEDBUFF, "asynchronous", None, "aggregation.mode"),
     (FEDBUFF, "asynchronous", lambda ck: {k: v for k, v in ck["asynchronous"].items()

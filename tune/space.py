@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from rayfl import config as config_mod
-from rayfl import registry, schema, transforms
+from rayfl import registry, schema
 from rayfl.schema import ConfigError, field
 
 # presets for any algorithm: name -> (None, {dotted key: parameter spec})
@@ -41,8 +41,7 @@ def component_preset(kind: str, name: str) -> tuple[None, dict[str, dict]] | Non
     algorithm: its keys name the component too (``wrappers.ima.window`` adds IMA,
     ``selection.name`` picks the selector, ``aggregation.transforms.krum.byzantine`` adds a
     Krum entry)."""
-    space = search_space(registry.resolve(kind, name) if kind != "transform"
-                         else transforms.REGISTRY[name])
+    space = search_space(registry.resolve(kind, name))
     return None if space is None else (None, space)
 
 
@@ -51,10 +50,8 @@ def component_preset(kind: str, name: str) -> tuple[None, dict[str, dict]] | Non
 PRESETS: dict[str, tuple[Optional[str], dict[str, dict]]] = {
     **{name: p for name in registry.names("algorithm")
        if (p := algorithm_preset(name)) is not None},
-    **{name: p for kind in ("wrapper", "selector") for name in registry.names(kind)
+    **{name: p for kind in ("wrapper", "selector", "transform") for name in registry.names(kind)
        if (p := component_preset(kind, name)) is not None},
-    **{name: p for name in sorted(transforms.REGISTRY)
-       if (p := component_preset("transform", name)) is not None},
     **GENERIC,
 }
 

@@ -216,12 +216,17 @@ class Aggregate:
     #: every completed client's Δ_i as sent (rows in completion order), only when a layer reads
     #: them all (robust aggregation); None otherwise
     updates: Vec | None = None
+    #: set by a layer on the way in: the server optimiser's slot starts afresh from this
+    #: round's x before the update (IMA zeroes FedAdam's moments at t_s)
+    restart_server_opt: bool = False
 
 
 class ServerRound:
     """What a server update may use besides its own state: the round ``t``, the registered
-    clients ``num_clients`` and the server optimiser, stepped by :meth:`step` (its state is a
-    slot of its own, kept by the runtime)."""
+    clients ``num_clients`` and the server optimiser, stepped by :meth:`step`. The optimiser's
+    state is a slot of the run's state that no layer writes: the stack lends it here for the
+    round and takes the stepped state back as the slot's value (a layer that needs it restarted
+    says so with ``Aggregate.restart_server_opt``)."""
 
     def __init__(self, t: int, x: Vec, num_clients: int, optimizer: opt.ServerOpt,
                  opt_state: Any):
@@ -258,10 +263,6 @@ class ServerRound:
                                     "cannot hold (tensors, arrays, numbers, strings, lists, "
                                     "dicts and dataclasses of them)", self.t)
         return start - step
-
-    def restart_optimizer(self) -> None:
-        """Restart the server optimiser (IMA zeroes FedAdam's moments at t_s)."""
-        self.opt_state = self.optimizer.restart(self.x)
 
 
 class Algorithm:

@@ -134,7 +134,7 @@ class IMA(ServerWrapper):
         moments restart at t_s)."""
         t, buf, raw = srv.t, slot.buf, None
         if t == self.t_s and self.reset_server_moments and srv.adaptive:
-            srv.restart_optimizer()
+            agg = dataclasses.replace(agg, restart_server_opt=True)
         if self.average == "target":
             target = srv.x - agg.delta_mean  # Σ p_i y_i (clients start at x)
             if agg.count:

@@ -155,6 +155,13 @@ class FlatModel:
         return float(loss_fn(out, y)), accuracy(out, y, loss_fn)
 
 
+def flat_spec(module: nn.Module) -> tuple[int, torch.dtype]:
+    """(length, dtype) of the vector :class:`FlatModel` makes of ``module``'s trainable
+    parameters (their types promoted as its concatenation promotes them)."""
+    params = [p.detach().reshape(-1) for p in module.parameters() if p.requires_grad]
+    return sum(p.numel() for p in params), torch.cat([p[:0] for p in params]).dtype
+
+
 def sha256_of(flat: np.ndarray) -> str:
     """sha256 of a flat float32 parameter vector's bytes (the run's ``model_sha256``)."""
     return hashlib.sha256(np.ascontiguousarray(flat, dtype=np.float32).tobytes()).hexdigest()

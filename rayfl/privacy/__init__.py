@@ -9,38 +9,32 @@
 
 The clipping and the noise are the :class:`rayfl.transforms.dp.GaussianDP` transform and its
 subclass; the participation bound of the last two is enforced and recorded by
-:class:`~rayfl.privacy.participation.Participation`; :func:`accountant` gives a run's ε.
+:class:`~rayfl.privacy.participation.Participation`; :func:`accountant` gives a run's ε and
+:class:`~rayfl.privacy.account.Account` what the server accounts for, built once.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from rayfl.privacy.account import CORRELATED, Account
 from rayfl.privacy.accounting import (
     CorrelatedAccountant,
     FedAvgAccountant,
     accountant,
+    accountant_of,
     bands_of,
     calibrate,
     schema_of,
 )
-from rayfl.privacy.fedavg import accounting, epsilon, round_event, rounds_within
+from rayfl.privacy.fedavg import epsilon, round_event, rounds_within
 from rayfl.privacy.participation import Participation, Schema
-
-CORRELATED = ("dp_ftrl", "banded_mf")  # mechanisms whose guarantee bounds participation
 
 
 def bounds_participation(p) -> bool:
     """Whether a ``privacy`` section's mechanism bounds participation (its run keeps a record
     of every round's participants)."""
     return p is not None and p.mechanism in CORRELATED
-
-
-def participation(cfg, num_clients: int) -> Participation | None:
-    """The participation record of a run whose mechanism bounds participation (else None)."""
-    if not bounds_participation(cfg.privacy):
-        return None
-    return Participation(num_clients, schema_of(cfg.privacy))
 
 
 def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
@@ -62,6 +56,6 @@ def report(record: Participation, acc: CorrelatedAccountant, horizon: int,
         "epsilon_individual_median": float(np.median(eps)) if len(eps) else 0.0}}
 
 
-__all__ = ["CORRELATED", "CorrelatedAccountant", "FedAvgAccountant", "Participation", "Schema",
-           "accountant", "accounting", "bands_of", "bounds_participation", "calibrate", "epsilon",
-           "participation", "report", "round_event", "rounds_within", "schema_of"]
+__all__ = ["CORRELATED", "Account", "CorrelatedAccountant", "FedAvgAccountant", "Participation",
+           "Schema", "accountant", "accountant_of", "bands_of", "bounds_participation",
+           "calibrate", "epsilon", "report", "round_event", "rounds_within", "schema_of"]

@@ -135,14 +135,25 @@ def bands_of(p) -> int:
     return p.bands if p.bands is not None else p.min_separation
 
 
+def accountant_of(privacy, num_clients: int, clients_per_round: int,
+                  noise_multiplier: float | None = None
+                  ) -> FedAvgAccountant | CorrelatedAccountant:
+    """The accountant of a ``privacy`` section over ``num_clients`` training clients and
+    ``clients_per_round`` a round (``noise_multiplier`` overrides the configured z)."""
+    p = privacy
+    z = p.noise_multiplier if noise_multiplier is None else noise_multiplier
+    if p.mechanism == "dp_fedavg":
+        return FedAvgAccountant({"delta": p.delta, "sampling": p.sampling,
+                                 "accountant": p.accountant, "num_clients": num_clients,
+                                 "per_round": clients_per_round, "noise_multiplier": z})
+    return CorrelatedAccountant(p.mechanism, z, p.delta, schema_of(p), p.restart, p.accountant)
+
+
 def accountant(cfg, noise_multiplier: float | None = None):
     """The accountant of a run config with a ``privacy`` section (``noise_multiplier``
     overrides the configured z)."""
-    p = cfg.privacy
-    z = p.noise_multiplier if noise_multiplier is None else noise_multiplier
-    if p.mechanism == "dp_fedavg":
-        return FedAvgAccountant({**fedavg.accounting(cfg), "noise_multiplier": z})
-    return CorrelatedAccountant(p.mechanism, z, p.delta, schema_of(p), p.restart, p.accountant)
+    return accountant_of(cfg.privacy, cfg.data.num_clients - cfg.data.validation_clients,
+                         cfg.clients_per_round, noise_multiplier)
 
 
 def calibrate(cfg, target_epsilon: float, rounds: int | None = None,

@@ -84,11 +84,3 @@ def rounds_within(target: float, limit: int, **kw) -> int:
         else:
             hi = mid - 1
     return lo
-
-
-def accounting(cfg) -> dict:
-    """Keyword arguments of :func:`epsilon` for a run config with a ``privacy`` section."""
-    p = cfg.privacy
-    return {"delta": p.delta, "sampling": p.sampling, "accountant": p.accountant,
-            "num_clients": cfg.data.num_clients - cfg.data.validation_clients,
-            "per_round": cfg.clients_per_round, "noise_multiplier": p.noise_multiplier}

@@ -18,6 +18,7 @@ import ray
 
 from rayfl import registry
 from rayfl.schema import ConfigError
+from rayfl.transforms import user_classes
 
 KERNELS = "ATEN_CPU_CAPABILITY"  # PyTorch's CPU kernel set, read when a process imports torch
 
@@ -28,11 +29,12 @@ class RayStartError(RuntimeError):
 
 
 def components(cfg) -> list:
-    """The config's algorithm, wrappers, model, dataset, availability model and selector that
-    are not built-ins."""
+    """The config's algorithm, wrappers, aggregation transforms, model, dataset, availability
+    model and selector that are not built-ins."""
     sections = (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data, cfg.availability,
                 cfg.selection)
-    return [s.component() for s in sections if not registry.is_builtin(s.KIND, s.component_name)]
+    return [s.component() for s in sections
+            if not registry.is_builtin(s.KIND, s.component_name)] + user_classes(cfg)
 
 
 def runtime_env(cfg) -> dict:

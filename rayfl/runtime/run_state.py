@@ -51,19 +51,20 @@ class RunState:
 
 @dataclass(frozen=True)
 class Expected:
-    """What a run's checkpoint holds beside its server state tree: a version per client, the
-    event loop's snapshot (None: synchronous rounds), the participation record (None: no bound
-    kept)."""
+    """What a run's checkpoint holds: the model x (its length and dtype, as the run's model
+    makes it), a version per client, the event loop's snapshot (None: synchronous rounds), the
+    participation record (None: no bound kept)."""
 
+    x: tuple[int, torch.dtype]
     clients: int
     asynchronous: tuple[str, ...] | None
     participation: tuple[str, ...] | None
 
 
-def expected(aggregation, privacy, num_clients: int) -> Expected:
+def expected(aggregation, privacy, num_clients: int, x: tuple[int, torch.dtype]) -> Expected:
     """The pieces of a checkpoint of a run with these ``aggregation`` and ``privacy`` sections
-    over ``num_clients`` clients."""
-    return Expected(num_clients, None if aggregation.mode == "sync" else SNAPSHOT,
+    over ``num_clients`` clients, whose model is a vector of ``x`` = (length, dtype)."""
+    return Expected(x, num_clients, None if aggregation.mode == "sync" else SNAPSHOT,
                     PARTICIPATION if bounds_participation(privacy) else None)
 
 
@@ -82,6 +83,10 @@ def restored(ck: dict, expect: Expected, where: str, stack=None) -> RunState:
     if not _integer(round_) or round_ < 0:
         raise fail("round", "a round index ≥ 0", round_)
     state = ck["state"] if stack is None else server_state(stack, ck, where)
+    size, dtype = expect.x
+    if not (isinstance(state.x, torch.Tensor) and tuple(state.x.shape) == (size,)
+            and state.x.dtype == dtype):
+        raise fail("state.x", f"the model as a vector of {size} {dtype} parameters", state.x)
     versions = ck.get("versions")
     if not (isinstance(versions, np.ndarray) and versions.shape == (expect.clients,)
             and np.issubdtype(versions.dtype, np.integer)):

@@ -25,7 +25,6 @@ from rayfl.metrics import divergence
 from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
-from rayfl.privacy.statement import epsilon_label
 from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storage
 from rayfl.runtime.client_actor import WorkerParts, model_for
 from rayfl.runtime.client_eval import ClientEvaluation
@@ -58,11 +57,11 @@ class Server:
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
         self.loss_fn = criterion(handle)
-        dp = cfg.privacy
-        self.accountant = privacy.accountant(cfg) if dp is not None else None
-        self.final_round = cfg.rounds if dp is None or dp.target_epsilon is None else \
-            self.accountant.rounds_within(dp.target_epsilon, cfg.rounds)
-        self.participation = privacy.participation(cfg, len(self.sizes))  # dp_ftrl, banded_mf
+        #: the privacy mechanism's account, as its layer was built (None: no privacy)
+        self.account = getattr(self.stack.privatiser, "account", None)
+        self.final_round = cfg.rounds if self.account is None else self.account.final_round
+        self.participation = None if self.account is None else \
+            self.account.participation(len(self.sizes))  # dp_ftrl, banded_mf
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
@@ -112,7 +111,8 @@ class Server:
 
     def _restore(self, ck: dict) -> None:
         where = checkpoint.path_of(self.location)
-        expect = run_state.expected(self.cfg.aggregation, self.cfg.privacy, len(self.sizes))
+        expect = run_state.expected(self.cfg.aggregation, self.cfg.privacy, len(self.sizes),
+                                    (self.model.w.numel(), self.model.w.dtype))
         run = run_state.restored(ck, expect, where, self.stack)
         self.state, self.loop.versions = run.state, run.versions
         self.prev_delta, self.next_round = run.prev_delta, run.round + 1
@@ -160,7 +160,7 @@ class Server:
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
         checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
         empty = EmptyRounds(cfg.availability.max_empty_rounds, final, self.log.rows)
-        label = {} if cfg.privacy is None else {"dp_label": epsilon_label(cfg.privacy)}
+        label = {} if self.account is None else {"dp_label": self.account.label}
         for t in range(self.next_round, end):
             try:
                 row = self.round(t)
@@ -207,11 +207,12 @@ class Server:
         ``privacy_audit.json`` (``privacy.audit_canaries``) with their summary entries, after
         ``rounds`` rounds."""
         out = {} if self.participation is None else \
-            privacy.report(self.participation, self.accountant, rounds, self.run_dir)
+            privacy.report(self.participation, self.account.accountant, rounds, self.run_dir)
         if self.canaries is not None:
             moved = self.stack.deployed(self.state).detach().cpu().double() - self.x0
             out.update(audit.write(self.run_dir, self.canaries, moved.numpy(), rounds,
-                                   self.cfg.privacy.delta, self.accountant.epsilon(rounds)))
+                                   self.account.delta,
+                                   self.account.accountant.epsilon(rounds)))
         return out
 
     def round(self, t: int) -> dict:
@@ -252,8 +253,8 @@ class Server:
             self._keep_global(keep_dir, out.state)
         out.aggregate_s += time.perf_counter() - tick
         return out, {**plan.metrics,
-                     **({} if self.accountant is None else
-                        {"dp_epsilon": self.accountant.epsilon(t + 1)}),
+                     **({} if self.account is None else
+                        {"dp_epsilon": self.account.accountant.epsilon(t + 1)}),
                      "sampled": num_sampled, "plan_s": plan_s}
 
     def _candidate_losses(self, t: int):

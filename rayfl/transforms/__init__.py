@@ -7,9 +7,11 @@ each client's upload Δ_i inside the worker that trained it (its client half,
 update. Client halves run in the order of the section and server halves in the reverse order (a
 stack: the last encoder on the client is the first decoder at the server), so they compose with
 every algorithm: this is where clipping, noise, quantisation, compression and
-secure-aggregation arithmetic plug in. A transform is a class with a ``Params`` dataclass (its
-config keys) registered in :data:`REGISTRY`; randomness comes from the streams of
-``rayfl/rng.py``, so results stay independent of placement.
+secure-aggregation arithmetic plug in. A transform is a :class:`Transform` subclass with a
+``Params`` dataclass (its config keys), named like every component (:mod:`rayfl.registry`): a
+built-in name, a ``package.module:Name`` reference or a name given to
+:func:`rayfl.register_transform`; randomness comes from the streams of ``rayfl/rng.py``, so
+results stay independent of placement.
 
 Beyond Δ_i a client half may use (see :class:`~rayfl.layers.ClientContext`): values its server
 half broadcasts with the model (an adaptive clip norm), a persistent client slot of its own in
@@ -23,33 +25,45 @@ upload on the virtual clock.
 
 from __future__ import annotations
 
-from rayfl import schema
-from rayfl.layers import ClientContext, Facts
+from rayfl import registry, schema
+from rayfl.contract import calling, name_of
+from rayfl.layers import ClientContext, Facts, declaration_problem
 from rayfl.schema import ConfigError, NoParams
 from rayfl.transforms.base import ClipParams, ClipUpdate, Identity, Transform
-from rayfl.transforms.compress import QSGD, RandK, TopK, entry_of
+from rayfl.transforms.compress import entry_of
 from rayfl.transforms.dp import GaussianDP
-from rayfl.transforms.robust import Attack, Krum, Median, TrimmedMean
-from rayfl.transforms.secagg import SecAgg
 
 __all__ = ["ClientContext", "ClipParams", "ClipUpdate", "Identity", "NoParams", "Transform",
-           "REGISTRY", "transforms_of"]
+           "class_of", "transforms_of"]
 
 
-REGISTRY: dict[str, type[Transform]] = {cls.name: cls for cls in (
-    Identity, ClipUpdate, QSGD, TopK, RandK, SecAgg, Median, TrimmedMean, Krum, Attack)}
+def class_of(name: str, where: str = "aggregation.transforms[]") -> type[Transform]:
+    """The transform an entry's ``name`` names (a ConfigError on ``{where}.name`` otherwise:
+    unknown, not importable, not a Transform subclass or not declared as a layer is)."""
+    try:
+        cls = registry.resolve("transform", name)
+    except ConfigError as e:  # the entry's own key (aggregation.transforms[1].name)
+        raise ConfigError(f"{where}.name", name, e.expected) from None
+    problem = declaration_problem(cls)
+    if problem:
+        raise ConfigError(f"{where}.name", name, problem)
+    return cls
 
 
 def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[dict]:
     """Check every ``{name: ..., <params>}`` entry (ConfigError naming the bad key)."""
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
-        name = entry.get("name")
-        if name not in REGISTRY:
-            raise ConfigError(f"{where}.name", name, "one of " + ", ".join(sorted(REGISTRY)))
-        schema.build(REGISTRY[name].Params, {k: v for k, v in entry.items() if k != "name"},
-                     where)
+        cls = class_of(entry.get("name"), where)
+        schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"}, where)
     return entries
+
+
+def user_classes(cfg) -> list[type[Transform]]:
+    """The configured transforms that are not built-ins (their modules travel to Ray workers;
+    the pre-flight runs them on one client)."""
+    return [class_of(e["name"]) for _, e in entries_of(cfg)
+            if not registry.is_builtin("transform", e["name"])]
 
 
 def entries_of(cfg) -> list[tuple[str, dict]]:
@@ -65,7 +79,7 @@ def entries_of(cfg) -> list[tuple[str, dict]]:
 def _configured(cfg):
     """(where, class, validated params) of every configured step."""
     for where, entry in entries_of(cfg):
-        cls = REGISTRY[entry["name"]]
+        cls = class_of(entry["name"], where)
         yield where, cls, schema.build(cls.Params, {k: v for k, v in entry.items()
                                                     if k != "name"}, where)
 
@@ -73,22 +87,25 @@ def _configured(cfg):
 def check_run(cfg) -> None:
     """Every step's cross-section rules (e.g. SecAgg needs uniform weighting)."""
     for where, cls, params in _configured(cfg):
-        cls.check_config(params, cfg, where)
+        with calling(name_of(cls, "check_config")):
+            cls.check_config(params, cfg, where)
 
 
 def check_data(cfg, handle) -> None:
     """Every step's rules on the partition (e.g. label flipping needs class labels)."""
     for where, cls, params in _configured(cfg):
-        cls.check_data(params, handle, where)
+        with calling(name_of(cls, "check_data")):
+            cls.check_data(params, handle, where)
 
 
-def transforms_of(cfg, facts: Facts | None = None) -> list[Transform]:
+def transforms_of(cfg, facts: Facts) -> list[Transform]:
     """The configured transforms: ``aggregation.transforms``, the ``compression`` step and
-    DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last);
-    ``facts`` default to the config's own (seed, rounds, clients per round, clients)."""
-    if facts is None:
-        facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, cfg.data.num_clients)
-    steps: list[Transform] = [cls(params, facts) for _, cls, params in _configured(cfg)]
+    DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last); one
+    that fails while being built is named."""
+    steps: list[Transform] = []
+    for _, cls, params in _configured(cfg):
+        with calling(name_of(cls, "__init__")):
+            steps.append(cls(params, facts))
     if cfg.privacy is not None:
         steps.append(GaussianDP.of(cfg.privacy, facts))
     return steps

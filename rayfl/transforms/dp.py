@@ -33,7 +33,7 @@ from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.contract import ComponentError
 from rayfl.layers import ClientContext, Facts, LayerTraits
-from rayfl.privacy import bands_of
+from rayfl.privacy import Account, bands_of
 from rayfl.privacy.audit import Canaries
 from rayfl.privacy.banded import BandedNoise, coefficients
 from rayfl.privacy.tree import TreeNoise
@@ -81,6 +81,8 @@ class GaussianDP(Transform):
     mechanism = "dp_fedavg"
     #: the privacy audit's canary clients (``privacy.audit_canaries``; None: no audit)
     canaries: "Canaries | None" = None
+    #: what the server accounts for this mechanism (None: built without a privacy section)
+    account: Account | None = None
 
     @classmethod
     def of(cls, privacy, facts: Facts) -> "GaussianDP":
@@ -95,10 +97,12 @@ class GaussianDP(Transform):
             None if ad is None else ad.count_noise), facts).declaring(privacy)
 
     def declaring(self, privacy) -> "GaussianDP":
-        """This mechanism with its privacy section's name, its public reports and the audit's
-        canary clients (none when ``audit_canaries`` is 0)."""
+        """This mechanism with its privacy section's name, its public reports, the audit's
+        canary clients (none when ``audit_canaries`` is 0) and its account."""
         self.mechanism, self.public_reports = privacy.mechanism, tuple(privacy.public_reports)
         self.canaries = Canaries.of(privacy, self.facts)
+        f = self.facts
+        self.account = Account.of(privacy, f.rounds, f.num_clients, f.clients_per_round)
         return self
 
     def check_reports(self, sent: list[tuple[str, str]], t: int | None) -> None:
