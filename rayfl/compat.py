@@ -229,7 +229,10 @@ RULES: tuple[Rule, ...] = (
                      "the sum)", lambda r: r.transport()[1]),
           ("algorithm.name", lambda r: not r.traits.dp_post_processing,
            lambda r: "an algorithm whose server reads only the mean update (its other "
-                     "per-client sums would not be robust)", lambda r: r.name))),
+                     "per-client sums would not be robust)", lambda r: r.name),
+          ("aggregation.mode", lambda r: r.mode == "fedasync",
+           lambda r: "sync or fedbuff (fedasync steps the server on each client's update "
+                     "alone: there are no updates to read at once)", lambda r: r.mode))),
     # ----- FedBuff / FedAsync -----------------------------------------------------------------
     Rule("aggregation.mode", lambda r: r.mode != "sync" and r.traits.asynchronous is not None,
          lambda r: f"sync with {r.name} ({r.traits.asynchronous}; algorithms defined "

@@ -37,6 +37,7 @@ from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
                             returned_vector)
+from rayfl.metrics.columns import written_by_runtime
 from rayfl.runtime.checkpoint_file import unencodable_tree
 from rayfl.schema import NoParams
 
@@ -281,8 +282,19 @@ def mismatch(expected: Any, found: Any) -> str | None:
     """The first difference between the structures of two trees, in words (None: the same,
     tensor shapes of variable-length slots aside; an ``optional`` field of ``expected``
     matches anything)."""
-    a, b = structure(expected), structure(found)
-    optional = [p for p, kind in a.items() if kind == "optional"]
+    a = structure(expected)
+    return _difference(a, structure(found), [p for p, kind in a.items() if kind == "optional"])
+
+
+def slot_mismatch(before: Any, after: Any) -> str | None:
+    """:func:`mismatch` between a layer's slot and the one it returned, as they sit in the
+    state's tree: a field that is None on either side (filled later, or emptied) matches."""
+    a, b = structure(before, "slot", root=False), structure(after, "slot", root=False)
+    return _difference(a, b, [p for tree in (a, b) for p, kind in tree.items()
+                              if kind == "optional"])
+
+
+def _difference(a: dict, b: dict, optional: list[str]) -> str | None:
     for path in sorted(set(a) | set(b)):
         if any(path == p or path.startswith((p + ".", p + "[")) for p in optional):
             continue
@@ -339,6 +351,31 @@ def checkpointable(value: Any, component: str, what: str, round: int | None = No
            f"returned {what} holding {found}, which a checkpoint cannot hold (tensors, arrays, "
            "numbers, strings, lists, dicts and dataclasses of them)", round)
     return value
+
+
+def kept_slot(before: Any, after: Any, component: str, t: int) -> Any:
+    """A layer's returned slot checked: what a checkpoint holds, in the structure of the slot it
+    was given (a resume rebuilds it in that structure)."""
+    checkpointable(after, component, "a slot", t)
+    problem = slot_mismatch(before, after)
+    expect(problem is None, component, f"returned a slot of another structure than the one it "
+                                       f"was given ({problem}); a slot keeps its structure", t)
+    return after
+
+
+def _taken(metric: str) -> str:
+    return (f"returned metric {metric!r}, a column the runtime writes itself (METRICS.md): "
+            "name it apart")
+
+
+def _add_metrics(metrics: dict, new: dict, component: str, t: int) -> None:
+    """A layer's metrics added to the round's: a name the runtime or another component of the
+    round writes is refused (one value would silently replace the other)."""
+    for k in new:
+        expect(not written_by_runtime(k), component, _taken(k), t)
+        expect(k not in metrics, component, f"returned metric {k!r}, which another component "
+                                            "of the stack returned this round: name it apart", t)
+    metrics.update(new)
 
 
 def _payload_sums(layer: Layer, sums: dict, t: int | None) -> None:
@@ -473,10 +510,15 @@ class Stack:
             name = name_of(self.layers[i], "aggregate")
             with calling(name, round=t):
                 out = self.layers[i].aggregate(slots[i], agg, sums[i], srv)
-            agg, slots[i], m = returned(out, ("aggregate", "slot", "metrics"), name, t)
+            given = agg
+            agg, slot, m = returned(out, ("aggregate", "slot", "metrics"), name, t)
             expect(isinstance(agg, Aggregate), name,
                    f"returned {describe(agg)} as the aggregate; expected an Aggregate", t)
-            metrics.update(returned_metrics(m, name, t))
+            if agg.delta_mean is not given.delta_mean:
+                agg = dataclasses.replace(agg, delta_mean=returned_vector(
+                    agg.delta_mean, state.x, name, "its aggregate's delta_mean", t))
+            slots[i] = kept_slot(slots[i], slot, name, t)
+            _add_metrics(metrics, returned_metrics(m, name, t), name, t)
         if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
             name = name_of(self.optimizer.reset or self.optimizer.init)
             with calling(name, round=t):
@@ -491,14 +533,17 @@ class Stack:
         x = returned_vector(x, state.x, name, "its x", t)
         metrics.update(returned_metrics(m, name, t))
         metrics.update(srv.metrics)
+        for k in metrics:  # the algorithm's and its server optimiser's
+            expect(not written_by_runtime(k), name, _taken(k), t)
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i])
             name = name_of(layer, "after")
             with calling(name, round=t):
                 out = layer.after(slots[i], x, srv)
-            x, slots[i], m = returned(out, ("x", "slot", "metrics"), name, t)
+            x, slot, m = returned(out, ("x", "slot", "metrics"), name, t)
             x = returned_vector(x, state.x, name, "its x", t)
-            metrics.update(returned_metrics(m, name, t))
+            slots[i] = kept_slot(slots[i], slot, name, t)
+            _add_metrics(metrics, returned_metrics(m, name, t), name, t)
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics

@@ -179,20 +179,23 @@ def _sendable(cfg, stack) -> None:
     """Ray sends the config (its sections carry the user's components) and the built layers
     to its workers: each of the user's must pickle, or a ConfigError names its key before
     the run directory exists (not a failure inside Ray after it)."""
-    sections = _sections(cfg)
-    if not sections:
-        return
     built = {"algorithm.name": stack.algorithm, "server_opt.name": stack.optimizer,
              **{f"wrappers[{i}].name": w for i, w in enumerate(stack.wrappers)}}
-    for key, section in sections:
-        for what, obj in (("", section), (" once built", built.get(key))):
+    objects = [(key, s.component_name, (("", s), (" once built", built.get(key))))
+               for key, s in _sections(cfg)]
+    mine = [(i, e["name"]) for i, e in enumerate(cfg.aggregation.transforms)
+            if not registry.is_builtin("transform", e["name"])]
+    layers = [t for t in stack.transforms if type(t) in user_classes(cfg)]  # in entry order
+    objects += [(f"aggregation.transforms[{i}].name", name, ((" once built", layer),))
+                for (i, name), layer in zip(mine, layers)]
+    for key, name, forms in objects:
+        for what, obj in forms:
             try:
                 cloudpickle.dumps(obj)
             except Exception as e:  # noqa: BLE001 - whatever pickling the user's object raises
-                raise ConfigError(key, section.component_name,
-                                  f"a component the executor can copy to its workers "
-                                  f"(pickling it{what} failed: {type(e).__name__}: {e})"
-                                  ) from None
+                raise ConfigError(key, name, f"a component the executor can copy to its workers "
+                                             f"(pickling it{what} failed: {type(e).__name__}: "
+                                             f"{e})") from None
 
 
 @contextlib.contextmanager

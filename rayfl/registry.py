@@ -255,9 +255,12 @@ def _article(word: str) -> str:
 
 
 def _declared(kind: str, obj: Any) -> str | None:
-    """What is wrong with what an algorithm, a wrapper or an executor class declares of itself
-    (its traits, how it is built), or None; other kinds and objects of another base are checked
-    where a config names them."""
+    """What is wrong with what a component declares of itself (the base class of its kind; an
+    algorithm's, a layer's or an executor's traits and how it is built), or None; other kinds
+    are checked where a config names them."""
+    base = _import_attr(BASES[kind]) if kind in BASES else None
+    if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
+        return f"a subclass of {base.__module__}.{base.__qualname__} (got {obj!r})"
     if kind == "algorithm" and isinstance(obj, type) and issubclass(obj, Algorithm):
         return algorithm_problem(obj)
     if kind in ("wrapper", "transform") and isinstance(obj, type) and issubclass(obj, Layer):
@@ -294,6 +297,34 @@ def params_class(obj: Any) -> type | None:
     """The component's typed parameters (a dataclass ``Params``), or None."""
     params = getattr(obj, "Params", None)
     return params if dataclasses.is_dataclass(params) else None
+
+
+def params_problem(component: Any) -> str | None:
+    """What is wrong with the ``Params`` a component declares, in words (None: nothing)."""
+    declared = getattr(component, "Params", None)
+    if declared is not None and not dataclasses.is_dataclass(declared):
+        return (f"a component whose Params is a dataclass of rayfl.schema fields (its Params "
+                f"{declared!r} is not a dataclass: add @dataclass(frozen=True))")
+    params_cls = params_class(component)
+    redefined = _loosened(params_cls) if params_cls else None
+    if redefined:
+        return (f"a component whose Params keep the type and bounds of the fields they "
+                f"redefine ({redefined})")
+    return None
+
+
+def built_params(component: Any, values: dict, prefix: str, key: str, name: str) -> Any:
+    """The component's ``Params`` built from ``values`` (keys under ``prefix``; None: it
+    declares none); a field of a type the schema cannot validate is a ConfigError on ``key``."""
+    params_cls = params_class(component)
+    try:
+        return schema.build(params_cls, values, prefix) if params_cls else None
+    except TypeError as e:  # a Params field of a type the schema cannot validate
+        if not str(e).startswith("unsupported schema type"):
+            raise
+        raise ConfigError(key, name, f"a component whose Params fields have types the schema "
+                                     f"validates ({e}: bool, int, float, str, Literal, "
+                                     "Optional, list, dict or a dataclass)") from None
 
 
 # ----- config sections that name a component ----------------------------------------------------
@@ -333,16 +364,10 @@ class Named:
             component = resolve(cls.KIND, name)
         except ConfigError as e:  # the entry's own key (wrappers[2].name), not the kind's
             raise ConfigError(key, name, e.expected) from None
-        declared = getattr(component, "Params", None)
-        if declared is not None and not dataclasses.is_dataclass(declared):
-            raise ConfigError(key, name, f"a component whose Params is a dataclass of "
-                                         f"rayfl.schema fields (its Params {declared!r} is not "
-                                         "a dataclass: add @dataclass(frozen=True))")
+        problem = params_problem(component)
+        if problem:
+            raise ConfigError(key, name, problem)
         params_cls = params_class(component)
-        redefined = _loosened(params_cls) if params_cls else None
-        if redefined:
-            raise ConfigError(key, name, f"a component whose Params keep the type and bounds of "
-                                         f"the fields they redefine ({redefined})")
         theirs = {f.name for f in dataclasses.fields(params_cls)} if params_cls else set()
         if own & theirs:
             raise ConfigError(f"{prefix}.{cls.NAME_FIELD}", name,
@@ -354,14 +379,7 @@ class Named:
             raise ConfigError(f"{prefix}.{unknown[0]}", extra[unknown[0]],
                               no_such_key(unknown[0], prefix, own | theirs))
         section = schema.build_fields(cls, data, prefix)
-        try:
-            params = schema.build(params_cls, extra, prefix) if params_cls else None
-        except TypeError as e:  # a Params field of a type the schema cannot validate
-            if not str(e).startswith("unsupported schema type"):
-                raise
-            raise ConfigError(key, name, f"a component whose Params fields have types the "
-                                         f"schema validates ({e}: bool, int, float, str, "
-                                         "Literal, Optional, list, dict or a dataclass)") from None
+        params = built_params(component, extra, prefix, key, name)
         section = dataclasses.replace(section, params=params)
         check = getattr(component, "check_section", None)
         if check is not None:  # the component's own rules on its section

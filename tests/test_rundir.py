@@ -112,7 +112,7 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.log, s.progress_rows, s.stop_requested = _Log(), [], False
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
     s.state = SimpleNamespace(x=torch.zeros(3))
-    s.participation = s.canaries = None  # no participation bound, no privacy audit
+    s.participation = s.canaries = s.account = None  # no privacy: no bound, audit or account
     s.stack = SimpleNamespace(deployed=lambda state: state.x)
     s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
     s.evaluate = lambda: {"test_loss": 1.0, "test_accuracy": 0.5}

@@ -1,12 +1,15 @@
 """An aggregation transform of your own, named like every component (examples/centered_clip.py:
 centered clipping): its two limits against independent facts, the same bytes on Ray actors and
-after a resume, registered by name, and refused where a built-in of its kind is."""
+after a resume, registered by name, refused where a built-in of its kind is, and one that breaks
+its contract named with what it broke."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import sys
+import threading
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -82,6 +85,10 @@ def test_a_registered_transform_is_named_by_its_name(tiny):
         registry.unregister("transform", "cclip")
     with pytest.raises(ValueError, match="built-in transform"):
         rayfl.register_transform(CenteredClip, name="clip")
+    from examples.my_wrapper import ServerEMA
+    for wrong in (ServerEMA, lambda params, facts: None, CenteredClip(None, None)):
+        with pytest.raises(ValueError, match="a subclass of rayfl.transforms.base.Transform"):
+            rayfl.register_transform(wrong, name="wrong")
 
 
 @pytest.mark.parametrize("entry, key, says", [
@@ -142,3 +149,109 @@ def test_its_halves_see_what_a_built_in_sees():
     assert dataclasses.asdict(layer.params) == {"tau": 0.25, "iterations": 3}
     assert layer.facts.clients_per_round == cfg.clients_per_round
     assert torch.equal(layer.init(torch.ones(4)), torch.zeros(4))
+
+
+# ----- a transform breaking its contract: one line naming it -----------------------------------
+class NotADataclassParams(Transform):
+    class Params:
+        k = 1
+
+
+@dataclass(frozen=True)
+class ComplexParams:
+    k: complex = 1j
+
+
+class UnvalidatedParams(Transform):
+    Params = ComplexParams
+
+
+@pytest.mark.parametrize("cls, says", [
+    ("NotADataclassParams", "Params is a dataclass"),
+    ("UnvalidatedParams", "unsupported schema type <class 'complex'>"),
+])
+def test_params_the_schema_cannot_validate_are_refused_on_the_entry(cls, says):
+    with pytest.raises(ConfigError) as err:
+        config_mod.load(TINY, [_entry(f"tests.test_user_transforms:{cls}")])
+    assert err.value.key == "aggregation.transforms[0].name" and says in str(err.value)
+
+
+class FunctionSlot(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        return agg, (lambda: 1), {}
+
+
+class SlotChangesKind(Transform):
+    def init(self, x0):
+        return torch.zeros(1)
+
+    def aggregate(self, slot, agg, sums, srv):
+        return agg, {"a": 1}, {}
+
+
+class ShortMean(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        return dataclasses.replace(agg, delta_mean=agg.delta_mean[:2]), slot, {}
+
+
+class RuntimeColumn(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        return agg, slot, {"train_loss": 123.0}
+
+
+class OwnMetric(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        return agg, slot, {"mine": 1.0}
+
+
+class StringClientState(Transform):
+    def client_apply(self, delta, t, client, ctx):
+        ctx.state["f"] = "hello"
+        return delta
+
+
+@pytest.mark.parametrize("entries, method, says", [
+    ("FunctionSlot", "aggregate", "a slot holding function"),
+    ("SlotChangesKind", "aggregate", "a slot of another structure than the one it was given"),
+    ("ShortMean", "aggregate", "its aggregate's delta_mean is a float32 tensor of shape (2,)"),
+    ("RuntimeColumn", "aggregate", "metric 'train_loss', a column the runtime writes itself"),
+    ("OwnMetric, OwnMetric", "aggregate", "metric 'mine', which another component"),
+    ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
+], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
+        "same-metric-twice", "client-state-str"])
+def test_a_transform_breaking_its_contract_is_named_with_what_it_broke(tiny, entries, method,
+                                                                       says):
+    """Each was silently accepted (a resume then refused the checkpoint, a column overwritten)
+    or a traceback elsewhere (another component named, or none)."""
+    listed = ", ".join(f"{{name: 'tests.test_user_transforms:{c}'}}" for c in entries.split(", "))
+    with pytest.raises(ComponentError) as err:
+        _run(tiny, f"aggregation.transforms=[{listed}]")
+    first = entries.split(", ")[-1]
+    assert f"tests.test_user_transforms:{first}.{method}" in str(err.value)
+    assert says in str(err.value) and "(round 1" in str(err.value)
+
+
+def test_a_rule_reading_every_update_is_refused_under_fedasync():
+    """fedasync steps on one client's update: there is no round of updates (a built-in rule
+    failed inside the run)."""
+    for entry in (_entry("trimmed_mean"), _entry(tau=0.5)):
+        with pytest.raises(ConfigError) as err:
+            config_mod.load(TINY, [entry, "aggregation.mode=fedasync"])
+        assert err.value.key == "aggregation.mode" and "no updates to read at once" in \
+            str(err.value)
+    config_mod.load(TINY, [_entry(tau=0.5), "aggregation.mode=fedbuff"])  # a buffer of updates
+
+
+class HoldsALock(Transform):
+    def __init__(self, params, facts):
+        super().__init__(params, facts)
+        self.lock = threading.Lock()
+
+
+def test_a_transform_that_cannot_reach_the_actors_is_refused_before_ray_starts(tiny, tmp_path):
+    entries = ("aggregation.transforms=[{name: clip}, "
+               "{name: 'tests.test_user_transforms:HoldsALock'}]")
+    with pytest.raises(ConfigError) as err:
+        rayfl.run(TINY, tiny + ["rounds=1", entries], quiet=True)
+    assert err.value.key == "aggregation.transforms[1].name" and "_thread.lock" in str(err.value)
+    assert not (tmp_path / "runs").exists()

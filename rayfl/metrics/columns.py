@@ -152,6 +152,12 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
     },
 }
 
+#: the listed columns a run's components (algorithm, server optimiser, layers) write as their
+#: metrics; the runtime writes every other listed column itself
+FROM_COMPONENTS = frozenset({*SECTIONS["algorithms' own server metrics"], "dp_clip_norm",
+                             "attackers", "krum_fallbacks", "krum_clamped"}) - {"<name>"}
+
+
 ROUNDS_KEY = ("rounds", "on_round only", "the run's configured round count")
 LABEL_KEY = ("dp_label", "on_round only", "with `privacy`: the neighbouring relation ε is "
              "stated under, and the reports it excludes (privacy.public_reports)")
@@ -168,6 +174,13 @@ def documented(column: str) -> bool:
     return any(column == name or ("<" in name and name != "<name>" and
                                   _pattern(name).match(column))
                for rows in SECTIONS.values() for name in rows)
+
+
+def written_by_runtime(column: str) -> bool:
+    """Whether the runtime writes ``column`` itself (a component's metric of that name would
+    overwrite it, or be overwritten)."""
+    return column not in FROM_COMPONENTS and (documented(column) or column in (
+        ROUNDS_KEY[0], LABEL_KEY[0]))
 
 
 def markdown() -> str:

@@ -21,7 +21,7 @@ import torch
 from rayfl import rng
 from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
 from rayfl.contract import ComponentError, Lent, calling, describe, name_of, returned_vector
-from rayfl.layers import Broadcast, ClientContext, ClientState, Stack
+from rayfl.layers import Broadcast, ClientContext, ClientState, Stack, tensors
 from rayfl.runtime.aggregate import PartialSum
 from rayfl.runtime.client_state import decode, encode
 from rayfl.runtime.context import ClientData, LocalContext
@@ -208,7 +208,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
                     delta = returned_vector(layer.client_apply(delta, t, client, lc), x, name,
                                             "the upload it returned", t)
                 lent.check(name, t, client)
-                kept.append(lc.state or None)
+                kept.append(tensors(lc.state, name, "ctx.state", t) or None)
                 payloads.append(lc.payload)
             buffers = data.model.get_buffers() if data.has_buffers else None
             new = ClientState(result.state, tuple(kept),

@@ -25,7 +25,7 @@ upload on the virtual clock.
 
 from __future__ import annotations
 
-from rayfl import registry, schema
+from rayfl import registry
 from rayfl.contract import calling, name_of
 from rayfl.layers import ClientContext, Facts, declaration_problem
 from rayfl.schema import ConfigError, NoParams
@@ -44,7 +44,7 @@ def class_of(name: str, where: str = "aggregation.transforms[]") -> type[Transfo
         cls = registry.resolve("transform", name)
     except ConfigError as e:  # the entry's own key (aggregation.transforms[1].name)
         raise ConfigError(f"{where}.name", name, e.expected) from None
-    problem = declaration_problem(cls)
+    problem = declaration_problem(cls) or registry.params_problem(cls)
     if problem:
         raise ConfigError(f"{where}.name", name, problem)
     return cls
@@ -54,9 +54,15 @@ def validate(entries: list[dict], key: str = "aggregation.transforms") -> list[d
     """Check every ``{name: ..., <params>}`` entry (ConfigError naming the bad key)."""
     for i, entry in enumerate(entries):
         where = f"{key}[{i}]"
-        cls = class_of(entry.get("name"), where)
-        schema.build(cls.Params, {k: v for k, v in entry.items() if k != "name"}, where)
+        _params(entry, where)
     return entries
+
+
+def _params(entry: dict, where: str):
+    """(class, validated params) of one ``{name: ..., <params>}`` entry at ``where``."""
+    cls = class_of(entry.get("name"), where)
+    values = {k: v for k, v in entry.items() if k != "name"}
+    return cls, registry.built_params(cls, values, where, f"{where}.name", entry.get("name"))
 
 
 def user_classes(cfg) -> list[type[Transform]]:
@@ -79,9 +85,7 @@ def entries_of(cfg) -> list[tuple[str, dict]]:
 def _configured(cfg):
     """(where, class, validated params) of every configured step."""
     for where, entry in entries_of(cfg):
-        cls = class_of(entry["name"], where)
-        yield where, cls, schema.build(cls.Params, {k: v for k, v in entry.items()
-                                                    if k != "name"}, where)
+        yield where, *_params(entry, where)
 
 
 def check_run(cfg) -> None:
@@ -98,10 +102,14 @@ def check_data(cfg, handle) -> None:
             cls.check_data(params, handle, where)
 
 
-def transforms_of(cfg, facts: Facts) -> list[Transform]:
+def transforms_of(cfg, facts: Facts | None = None) -> list[Transform]:
     """The configured transforms: ``aggregation.transforms``, the ``compression`` step and
     DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last); one
-    that fails while being built is named."""
+    that fails while being built is named. ``facts`` default to the config's own (seed, rounds,
+    clients a round, the clients that train)."""
+    if facts is None:
+        facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round,
+                      cfg.data.num_clients - cfg.data.validation_clients)
     steps: list[Transform] = []
     for _, cls, params in _configured(cfg):
         with calling(name_of(cls, "__init__")):
