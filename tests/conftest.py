@@ -15,6 +15,19 @@ TINY = os.path.join(ROOT, "configs", "test", "tiny.yaml")
 os.environ["RAY_local_fs_capacity_threshold"] = "1.0"
 
 
+def three_ways(tiny: list[str], run_dir: str, *overrides: str) -> list:
+    """The tiny config for 3 rounds with ``overrides``, run in process, on 2 Ray actors, and in
+    process paused after round 2 (in ``run_dir``) then resumed: the three results."""
+    import rayfl
+
+    inproc = ["runtime.executor=inprocess", "rounds=3", *overrides]
+    return [rayfl.run(TINY, tiny + inproc + ["name=a"], quiet=True),
+            rayfl.run(TINY, tiny + ["rounds=3", "runtime.num_actors=2", *overrides, "name=b"],
+                      quiet=True),
+            rayfl.resume(rayfl.run(TINY, tiny + inproc, run_dir=run_dir, quiet=True,
+                                   max_rounds=2).run_dir, quiet=True)]
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray instance with 2 logical CPUs, shared by every test that needs Ray."""
