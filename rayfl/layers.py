@@ -368,13 +368,15 @@ def _taken(metric: str) -> str:
             "name it apart")
 
 
-def _add_metrics(metrics: dict, new: dict, component: str, t: int) -> None:
-    """A layer's metrics added to the round's: a name the runtime or another component of the
-    round writes is refused (one value would silently replace the other)."""
+def _add_metrics(metrics: dict, owners: dict, new: dict, component: str, t: int) -> None:
+    """A layer's metrics added to the round's (``owners``: each name's component): a name the
+    runtime writes or one already returned this round is refused (one value would silently
+    replace the other)."""
     for k in new:
         expect(not written_by_runtime(k), component, _taken(k), t)
-        expect(k not in metrics, component, f"returned metric {k!r}, which another component "
-                                            "of the stack returned this round: name it apart", t)
+        expect(k not in owners, component, f"returned metric {k!r}, which {owners.get(k)} "
+                                           "returned this round too: name it apart", t)
+        owners[k] = component
     metrics.update(new)
 
 
@@ -505,7 +507,7 @@ class Stack:
         self.check_reports(agg.extras, sums, t)
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
-        slots, metrics = self._slots(state), {}
+        slots, metrics, owners = self._slots(state), {}, {}
         for i in reversed(range(len(self.layers))):
             name = name_of(self.layers[i], "aggregate")
             with calling(name, round=t):
@@ -518,7 +520,7 @@ class Stack:
                 agg = dataclasses.replace(agg, delta_mean=returned_vector(
                     agg.delta_mean, state.x, name, "its aggregate's delta_mean", t))
             slots[i] = kept_slot(slots[i], slot, name, t)
-            _add_metrics(metrics, returned_metrics(m, name, t), name, t)
+            _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
         if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
             name = name_of(self.optimizer.reset or self.optimizer.init)
             with calling(name, round=t):
@@ -531,10 +533,8 @@ class Stack:
         lent.check(name, t)  # the round's model, state and sums: read, never edited in place
         x, own, m = returned(out, ("x", "state", "metrics"), name, t)
         x = returned_vector(x, state.x, name, "its x", t)
-        metrics.update(returned_metrics(m, name, t))
-        metrics.update(srv.metrics)
-        for k in metrics:  # the algorithm's and its server optimiser's
-            expect(not written_by_runtime(k), name, _taken(k), t)
+        _add_metrics(metrics, owners, {**returned_metrics(m, name, t), **srv.metrics}, name,
+                     t)  # its metrics and its server optimiser's
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i])
             name = name_of(layer, "after")
@@ -543,7 +543,7 @@ class Stack:
             x, slot, m = returned(out, ("x", "slot", "metrics"), name, t)
             x = returned_vector(x, state.x, name, "its x", t)
             slots[i] = kept_slot(slots[i], slot, name, t)
-            _add_metrics(metrics, returned_metrics(m, name, t), name, t)
+            _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics

@@ -209,7 +209,8 @@ class StringClientState(Transform):
     ("SlotChangesKind", "aggregate", "a slot of another structure than the one it was given"),
     ("ShortMean", "aggregate", "its aggregate's delta_mean is a float32 tensor of shape (2,)"),
     ("RuntimeColumn", "aggregate", "metric 'train_loss', a column the runtime writes itself"),
-    ("OwnMetric, OwnMetric", "aggregate", "metric 'mine', which another component"),
+    ("OwnMetric, OwnMetric", "aggregate",
+     "metric 'mine', which tests.test_user_transforms:OwnMetric.aggregate returned this round"),
     ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
 ], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
         "same-metric-twice", "client-state-str"])
