@@ -185,7 +185,8 @@ def _sendable(cfg, stack) -> None:
                for key, s in _sections(cfg)]
     mine = [(i, e["name"]) for i, e in enumerate(cfg.aggregation.transforms)
             if not registry.is_builtin("transform", e["name"])]
-    layers = [t for t in stack.transforms if type(t) in user_classes(cfg)]  # in entry order
+    theirs = user_classes(cfg)
+    layers = [t for t in stack.transforms if type(t) in theirs]  # in entry order
     objects += [(f"aggregation.transforms[{i}].name", name, ((" once built", layer),))
                 for (i, name), layer in zip(mine, layers)]
     for key, name, forms in objects:
