@@ -20,8 +20,9 @@ def stack(cfg, num_clients: int) -> Stack:
     # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
     momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
     with calling(name_of(cls, "__init__")):  # the user's own failure while being built
-        algo = cls(cfg.algorithm.params, weighting=effective_weighting(cls, cfg),
-                   num_clients=num_clients, local_momentum=momentum)
+        weighting = effective_weighting(cls, cfg.aggregation.weighting, cfg.privacy)
+        algo = cls(cfg.algorithm.params, weighting=weighting, num_clients=num_clients,
+                   local_momentum=momentum)
     if cfg.server_opt is None:
         opt = algo.default_server_opt()
     else:

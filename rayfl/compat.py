@@ -48,7 +48,7 @@ class Run:
     @property
     def weighting(self) -> str:
         """What ``aggregation.weighting`` means here (``auto`` resolved)."""
-        return effective_weighting(self.cls, self.cfg)
+        return effective_weighting(self.cls, self.cfg.aggregation.weighting, self.cfg.privacy)
 
     @property
     def mode(self) -> str:

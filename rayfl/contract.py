@@ -283,6 +283,22 @@ def returned_vector(value: Any, like: Any, component: str, what: str,
     return value if value.dtype == like.dtype else value.to(like.dtype)
 
 
+def no_new_non_finite(trail: list, makers: list[str], what: str, round: int | None = None,
+                      client: int | None = None) -> None:
+    """``trail``: a vector, then what each of ``makers`` made of it in turn. When the first is
+    finite and the last is not, a ComponentError naming the first maker whose result holds NaN
+    or ±inf (the run would otherwise stop as diverged, naming no one)."""
+    if _finite(trail[-1]) or not _finite(trail[0]):
+        return
+    i = next(i for i, v in enumerate(trail) if not _finite(v))
+    raise ComponentError(makers[i - 1], f"returned {what} holding NaN or ±inf, made from a "
+                                        "finite one", round, client)
+
+
+def _finite(v: torch.Tensor) -> bool:
+    return bool(torch.isfinite(v).all())
+
+
 def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:
     """``value`` checked to be a dict of metric names to real numbers or None (0-d tensors and
     numpy scalars become Python numbers)."""

@@ -35,8 +35,8 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_as
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
-                            returned_vector)
+from rayfl.contract import (Lent, calling, describe, expect, name_of, no_new_non_finite, returned,
+                            returned_metrics, returned_vector)
 from rayfl.metrics.columns import written_by_runtime
 from rayfl.runtime.checkpoint_file import unencodable_tree
 from rayfl.schema import NoParams
@@ -508,6 +508,7 @@ class Stack:
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics, owners = self._slots(state), {}, {}
+        means, makers = [agg.delta_mean], []
         for i in reversed(range(len(self.layers))):
             name = name_of(self.layers[i], "aggregate")
             with calling(name, round=t):
@@ -521,6 +522,9 @@ class Stack:
                     agg.delta_mean, state.x, name, "its aggregate's delta_mean", t))
             slots[i] = kept_slot(slots[i], slot, name, t)
             _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
+            means.append(agg.delta_mean)
+            makers.append(name)
+        no_new_non_finite(means, makers, "an aggregate whose delta_mean is", t)
         if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
             name = name_of(self.optimizer.reset or self.optimizer.init)
             with calling(name, round=t):
@@ -535,6 +539,7 @@ class Stack:
         x = returned_vector(x, state.x, name, "its x", t)
         _add_metrics(metrics, owners, {**returned_metrics(m, name, t), **srv.metrics}, name,
                      t)  # its metrics and its server optimiser's
+        models, makers = [x], []
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i])
             name = name_of(layer, "after")
@@ -544,6 +549,9 @@ class Stack:
             x = returned_vector(x, state.x, name, "its x", t)
             slots[i] = kept_slot(slots[i], slot, name, t)
             _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
+            models.append(x)
+            makers.append(name)
+        no_new_non_finite(models, makers, "an x", t)
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics

@@ -15,6 +15,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import typing
 
 import pyarrow as pa
@@ -63,6 +64,43 @@ def check_new(run_dir: str, key: str = "--run-dir") -> None:
             raise ConfigError(key, run_dir, "a directory this user may write")
         return
     _check_length(run_dir, check_creatable(run_dir, key), key)
+
+
+def make(run_dir: str) -> list[str]:
+    """Create ``run_dir`` and its missing parents; the directories created, outermost first."""
+    created, path = [], os.path.abspath(run_dir)
+    while not os.path.isdir(path):
+        created.append(path)
+        path = os.path.dirname(path)
+    os.makedirs(run_dir, exist_ok=True)
+    return created[::-1]
+
+
+def rows_recorded(run_dir: str) -> int:
+    """The rows ``metrics.parquet`` holds (0 when there is none yet)."""
+    path = os.path.join(run_dir, "metrics.parquet")
+    return pq.read_metadata(path).num_rows if os.path.exists(path) else 0
+
+
+def unmake(run_dir: str, created: list[str]) -> None:
+    """Remove a new run that recorded no round: ``run_dir`` and the directories of ``created``
+    (outermost first, as :func:`make` returns them) that hold nothing else; a directory that
+    existed before is emptied (it held nothing of the user's, :func:`check_new`: at most an
+    earlier rayfl's lock file)."""
+    if os.path.abspath(run_dir) in created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        for entry in os.listdir(run_dir):
+            path = os.path.join(run_dir, entry)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
+    for path in reversed(created):
+        try:
+            os.rmdir(path)
+        except OSError:  # gone already, or holds what another process put there
+            pass
 
 
 def _check_length(run_dir: str, parent: str, key: str) -> None:

@@ -108,7 +108,7 @@ def _start(cfg: Config, handle, stack, executor, run_dir: str, resume: bool):
     startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
     write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume, startup_s, stack, executor)
+        cfg, handle, run_dir, names, resume, startup_s, parts, executor)
     return server, actors
 
 
@@ -197,7 +197,8 @@ def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, 
 
     try:  # the caller's generators and torch threads as they were (a notebook's)
         with own_exits(), user_preflight.untouched_globals():
-            return Server(cfg, handle, run_dir, None, resume, stack=stack,
+            parts = WorkerParts.of(cfg, handle.num_clients, stack)
+            return Server(cfg, handle, run_dir, None, resume, parts=parts,
                           executor=executor).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
@@ -300,12 +301,18 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
     """The launch every command shares once its own checks passed: Ray, the run directory (made
     here when ``new``: config, fingerprint, then ``write(run_dir)``, a fork's copied prefix),
     its lock, provenance, then the run (from the checkpoint in ``run_dir`` when ``resume``) on
-    the :class:`Parts` the pre-flight built."""
+    the :class:`Parts` the pre-flight built.
+
+    A new run stopped by bad input before it recorded a round (a user's component breaking its
+    contract in the server's half, which the pre-flight cannot run: a
+    :data:`~rayfl.failures.CLEAR` error) leaves nothing behind: its directory, the directories
+    made for it and its files in ``runtime.storage`` are removed."""
+    created, recorded = [], None  # rounds in metrics.parquet once the directory is written
     if new:  # Ray first: a cluster that cannot be joined leaves no directory behind
         _ensure_ray(cfg)
         rundir.check_new(run_dir)  # still free after the checks
-        os.makedirs(run_dir, exist_ok=True)
-    lock = rundir.Lock(run_dir)  # refused while another process writes the run
+        created = rundir.make(run_dir)
+    lock, undo = rundir.Lock(run_dir), False  # refused while another process writes the run
     try:
         if not new:
             _ensure_ray(cfg)
@@ -314,12 +321,20 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
             config_mod.dump(cfg, os.path.join(run_dir, "config.yaml"))   # then marks a run
             if write is not None:
                 write(run_dir)
+            recorded = rundir.rows_recorded(run_dir)  # a fork's copied rounds
         provenance.record(run_dir, cfg, **({"forked_from": forked_from} if forked_from
                                            else {}))
         return _execute(cfg, parts.handle, parts.stack, parts.executor, run_dir, resume, quiet,
                         max_rounds, on_round)
+    except failures.CLEAR:
+        undo = new and recorded in (None, rundir.rows_recorded(run_dir))
+        raise
     finally:
         lock.release()
+        if undo:
+            if cfg.runtime.storage is not None:  # held no files when the run began
+                storage.Storage(storage.run_location(cfg, run_dir)).clear()
+            rundir.unmake(run_dir, created)
 
 
 def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = None,

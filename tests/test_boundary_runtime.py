@@ -213,14 +213,17 @@ def test_a_server_half_that_breaks_its_contract_stops_the_run_in_one_line(overri
                                                                            phrases, cli,
                                                                            tmp_path):
     """The server halves run only once a round has trained: the run stops there, exit 2, one
-    line naming the method and the round, the user's frames after it, no resume advice."""
+    line naming the method and the round, the user's frames after it, no resume advice; a run
+    stopped before it recorded a round leaves nothing behind, one stopped later its rounds."""
     code, _, err = cli(*overrides, "rounds=3")
     assert code == 2, err
     _one_error(err, f"rayfl: error: {BAD}:", *phrases)
     assert not any("resume" in line for line in err)
+    if round == 1:
+        assert not (tmp_path / "runs").exists()
+        return
     (run_dir,) = (tmp_path / "runs").iterdir()
-    rows = (pq.read_table(run_dir / "metrics.parquet").column("round").to_pylist()
-            if (run_dir / "metrics.parquet").exists() else [])
+    rows = pq.read_table(run_dir / "metrics.parquet").column("round").to_pylist()
     assert rows == list(range(1, round))
 
 

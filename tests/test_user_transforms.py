@@ -26,6 +26,7 @@ from tests.conftest import ROOT, TINY, three_ways
 
 CCLIP = "examples.centered_clip:CenteredClip"
 IN_PROCESS = ["runtime.executor=inprocess", "rounds=3"]
+BUILT_IN = ("clip",)
 
 
 def _entry(name: str = CCLIP, **keys) -> str:
@@ -198,6 +199,21 @@ class OwnMetric(Transform):
         return agg, slot, {"mine": 1.0}
 
 
+class NaNUpload(Transform):
+    def client_apply(self, delta, t, client, ctx):
+        return delta * float("nan")
+
+
+class InfMean(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        return dataclasses.replace(agg, delta_mean=agg.delta_mean / 0.0), slot, {}
+
+
+class NaNModel(Transform):
+    def after(self, slot, x, srv):
+        return x * float("nan"), slot, {}
+
+
 class StringClientState(Transform):
     def client_apply(self, delta, t, client, ctx):
         ctx.state["f"] = "hello"
@@ -212,18 +228,28 @@ class StringClientState(Transform):
     ("OwnMetric, OwnMetric", "aggregate",
      "metric 'mine', which tests.test_user_transforms:OwnMetric.aggregate returned this round"),
     ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
+    ("NaNUpload, clip", "client_apply", "an upload holding NaN or ±inf, made from a finite one"),
+    ("InfMean", "aggregate", "delta_mean is holding NaN or ±inf, made from a finite one"),
+    ("NaNModel", "after", "an x holding NaN or ±inf, made from a finite one"),
 ], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
-        "same-metric-twice", "client-state-str"])
+        "same-metric-twice", "client-state-str", "nan-upload", "inf-mean", "nan-model"])
 def test_a_transform_breaking_its_contract_is_named_with_what_it_broke(tiny, entries, method,
                                                                        says):
     """Each was silently accepted (a resume then refused the checkpoint, a column overwritten)
     or a traceback elsewhere (another component named, or none)."""
-    listed = ", ".join(f"{{name: 'tests.test_user_transforms:{c}'}}" for c in entries.split(", "))
+    listed = ", ".join(f"{{name: '{c if c in BUILT_IN else f'tests.test_user_transforms:{c}'}'}}"
+                       for c in entries.split(", "))
     with pytest.raises(ComponentError) as err:
         _run(tiny, f"aggregation.transforms=[{listed}]")
-    first = entries.split(", ")[-1]
+    first = [c for c in entries.split(", ") if c not in BUILT_IN][-1]
     assert f"tests.test_user_transforms:{first}.{method}" in str(err.value)
     assert says in str(err.value) and "(round 1" in str(err.value)
+
+
+def test_training_that_diverges_under_a_layer_is_a_diverged_run_not_the_layers_fault(tiny):
+    """A non-finite upload from the algorithm's own training names no layer it passes."""
+    res = _run(tiny, "local.lr=1e30", "aggregation.transforms=[{name: clip}]")
+    assert res.summary["diverged"] and res.summary["diverged_at_round"] == 1
 
 
 def test_a_rule_reading_every_update_is_refused_under_fedasync():

@@ -14,13 +14,13 @@ from rayfl.algorithms import registry
 from rayfl.models.flat import Layout
 
 
-def effective_weighting(cls: Any, cfg: Any) -> str:
-    """What ``aggregation.weighting`` means for ``cls``: ``auto`` is uniform under ``privacy``
-    (DP-FedAvg's fixed-denominator estimator) and the algorithm's paper weighting otherwise."""
-    weighting = cfg.aggregation.weighting
+def effective_weighting(cls: Any, weighting: str, privacy: Any) -> str:
+    """What ``aggregation.weighting`` (``weighting``) means for ``cls``: ``auto`` is uniform
+    under a ``privacy`` section (DP-FedAvg's fixed-denominator estimator) and the algorithm's
+    paper weighting otherwise."""
     if weighting != "auto":
         return weighting
-    return "uniform" if cfg.privacy is not None else cls.traits.weighting
+    return "uniform" if privacy is not None else cls.traits.weighting
 
 
 def check_model(cfg: Any, module: Any, handle: Any) -> None:

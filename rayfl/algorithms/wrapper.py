@@ -61,6 +61,7 @@ def wrappers_of(cfg: Any, facts: Facts) -> list[ServerWrapper]:
     return out
 
 
-def label(cfg: Any) -> str:
-    """The run's algorithm as listed in tables and plots: ``fedavg``, ``fedavg+ima``."""
-    return "+".join([cfg.algorithm.name] + [e.name for e in cfg.wrappers])
+def label(algorithm: Any, wrappers: list) -> str:
+    """The run's algorithm (its ``algorithm`` section and ``wrappers`` entries) as listed in
+    tables and plots: ``fedavg``, ``fedavg+ima``."""
+    return "+".join([algorithm.name] + [e.name for e in wrappers])

@@ -22,7 +22,7 @@ def _fma(run, t: int) -> Model:
 
 
 def _deployed(run, t: int) -> Model:
-    return f"{label(run.cfg)} r{t}", run.load("global", t)
+    return f"{label(run.cfg.algorithm, run.cfg.wrappers)} r{t}", run.load("global", t)
 
 
 def interpolation(run, preset: str) -> tuple[str, Model, Model]:

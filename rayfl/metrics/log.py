@@ -112,7 +112,7 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
     return {
         **dp,
         "name": cfg.name,
-        "algorithm": wrapper.label(cfg),
+        "algorithm": wrapper.label(cfg.algorithm, cfg.wrappers),
         "rounds": len(rows),
         "final_accuracy": accs[-1] if accs else None,
         f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))

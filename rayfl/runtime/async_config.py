@@ -34,10 +34,10 @@ class Settings:
     mixing: float = 0.6
 
     @classmethod
-    def from_config(cls, cfg) -> Settings:
-        ag = cfg.aggregation
-        return cls(ag.mode, ag.concurrency or cfg.clients_per_round,
-                   1 if ag.mode == "fedasync" else ag.buffer_size or cfg.clients_per_round,
+    def of(cls, ag, clients_per_round: int) -> Settings:
+        """The settings of an ``aggregation`` section (null sizes: ``clients_per_round``)."""
+        return cls(ag.mode, ag.concurrency or clients_per_round,
+                   1 if ag.mode == "fedasync" else ag.buffer_size or clients_per_round,
                    ag.staleness, ag.staleness_a, ag.staleness_b, ag.max_staleness, ag.mixing)
 
     def weight(self, tau: int) -> float:

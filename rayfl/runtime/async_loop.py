@@ -297,11 +297,12 @@ class AsyncLoop:
         self.sent = {int(v): x for v, x in snap["sent"]}
 
 
-def for_server(cfg, round_loop: RoundLoop, sampler) -> AsyncLoop | None:
-    """The event-driven trigger of ``cfg`` over the server's round loop (None in
-    ``aggregation.mode: sync``)."""
-    if cfg.aggregation.mode == "sync":
+def for_server(aggregation, clients_per_round: int, local, seed: int, dropout: float,
+               round_loop: RoundLoop, sampler) -> AsyncLoop | None:
+    """The event-driven trigger of the ``aggregation`` section over the server's round loop
+    (None in ``aggregation.mode: sync``); ``local`` the run's local section (its learning
+    rate), ``dropout`` ``availability.dropout``."""
+    if aggregation.mode == "sync":
         return None
-    return AsyncLoop(round_loop, Settings.from_config(cfg),
-                     Dispatcher(sampler, cfg.seed, cfg.availability.dropout),
-                     cfg.local.lr, cfg.local.lr_decay)
+    return AsyncLoop(round_loop, Settings.of(aggregation, clients_per_round),
+                     Dispatcher(sampler, seed, dropout), local.lr, local.lr_decay)

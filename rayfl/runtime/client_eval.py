@@ -83,20 +83,21 @@ def _score(model, point, x, y, loss_fn, batch_size: int) -> tuple[float, float]:
     return (correct / count if count else float("nan")), float(loss_fn(out, y))
 
 
-def finetune_spec(cfg) -> FinetuneSpec:
-    """The :class:`FinetuneSpec` of a run config's ``eval`` and ``local`` sections."""
-    lr = cfg.eval.finetune_lr if cfg.eval.finetune_lr is not None else cfg.local.lr
-    return FinetuneSpec(cfg.eval.finetune_steps, lr, cfg.local.batch_size)
+def finetune_spec(evaluation, local) -> FinetuneSpec:
+    """The :class:`FinetuneSpec` of a run's ``eval`` and ``local`` sections."""
+    lr = evaluation.finetune_lr if evaluation.finetune_lr is not None else local.lr
+    return FinetuneSpec(evaluation.finetune_steps, lr, local.batch_size)
 
 
 class ClientEvaluation:
     """The server's side: picks the sample, asks the executor for the scores, summarises them
-    and keeps every client's row for ``client_eval.parquet``."""
+    and keeps every client's row for ``client_eval.parquet``; ``evaluation`` is the run's
+    ``eval`` section, ``finetune`` its :func:`finetune_spec`."""
 
-    def __init__(self, cfg, holdout_sizes: np.ndarray, executor, run_dir: str):
-        self.cfg, self.executor = cfg, executor
-        self.holdout_sizes = holdout_sizes
-        self.finetune = finetune_spec(cfg)
+    def __init__(self, evaluation, finetune: FinetuneSpec, seed: int,
+                 holdout_sizes: np.ndarray, executor, run_dir: str):
+        self.evaluation, self.finetune, self.seed = evaluation, finetune, seed
+        self.executor, self.holdout_sizes = executor, holdout_sizes
         self.log = ClientEvalLog(run_dir)
 
     def evaluate(self, t: int, deployed: torch.Tensor, buffers: torch.Tensor | None = None,
@@ -105,10 +106,10 @@ class ClientEvaluation:
         every client's state ``versions``, each client's personalised model too); returns the
         metrics row's summary columns."""
         tick = time.perf_counter()
-        ids = eval_sample(self.holdout_sizes, self.cfg.eval.clients, self.cfg.seed, t)
+        ids = eval_sample(self.holdout_sizes, self.evaluation.clients, self.seed, t)
         point = deployed.detach().cpu().numpy()
         scores = self.executor.client_scores(
-            t, point, ids, self.finetune, self.cfg.eval.batch_size,
+            t, point, ids, self.finetune, self.evaluation.batch_size,
             None if buffers is None else buffers.detach().cpu().numpy(),
             None if versions is None else versions[ids])
         self.log.append(t + 1, scores)

@@ -16,7 +16,7 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import assemble, privacy, registry
+from rayfl import privacy, registry
 from rayfl.availability import run_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
@@ -27,7 +27,7 @@ from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
 from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storage
 from rayfl.runtime.client_actor import WorkerParts, model_for
-from rayfl.runtime.client_eval import ClientEvaluation
+from rayfl.runtime.client_eval import ClientEvaluation, finetune_spec
 from rayfl.runtime.executor_kind import built
 from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
@@ -39,12 +39,13 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actor_startup_s: float = 0.0, stack=None,
-                 executor=None):
+                 resume: bool = False, actor_startup_s: float = 0.0,
+                 parts: WorkerParts | None = None, executor=None):
         """``actor_names``: the client actors an ``on_ray`` executor trains on;
         ``actor_startup_s``: how long they took to start (a restarted one gets it again);
-        ``stack``: the run's stack as the driver built it (None: built here); ``executor``: the
-        executor class as the driver resolved it (None: ``runtime.executor``'s)."""
+        ``parts``: the client workers' parts as the driver built them, the run's stack among
+        them (None: built here); ``executor``: the executor class as the driver resolved it
+        (None: ``runtime.executor``'s)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
@@ -53,7 +54,8 @@ class Server:
         self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
-        self.stack = stack if stack is not None else assemble.stack(cfg, handle.num_clients)
+        parts = parts or WorkerParts.of(cfg, handle.num_clients)
+        self.stack = parts.stack
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
         self.loss_fn = criterion(handle)
@@ -66,15 +68,17 @@ class Server:
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
         kind = executor or registry.resolve("executor", cfg.runtime.executor)
-        executor = built(kind, Hosting(WorkerParts.of(cfg, handle.num_clients, self.stack),
-                                       handle, self.state_root, cfg.runtime, self.sizes,
+        executor = built(kind, Hosting(parts, handle, self.state_root, cfg.runtime, self.sizes,
                                        actor_names, actor_startup_s))
         self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
                               Messages(self.state_root))
-        self.asynchronous = async_loop.for_server(cfg, self.loop, self.sampler)
+        self.asynchronous = async_loop.for_server(cfg.aggregation, cfg.clients_per_round,
+                                                  cfg.local, cfg.seed, cfg.availability.dropout,
+                                                  self.loop, self.sampler)
         reader = handle.open()
-        self.client_eval = ClientEvaluation(cfg, reader.holdout_sizes(), executor, run_dir) \
-            if cfg.eval.clients else None
+        self.client_eval = ClientEvaluation(
+            cfg.eval, finetune_spec(cfg.eval, cfg.local), cfg.seed, reader.holdout_sizes(),
+            executor, run_dir) if cfg.eval.clients else None
         self.eval_sets = {"test": reader.tensors(*reader.test(cfg.eval.test_rows, cfg.seed),
                                                   "cpu")}
         if handle.num_validation_clients:

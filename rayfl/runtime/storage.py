@@ -240,5 +240,8 @@ class Storage:
         if self.is_local:
             shutil.rmtree(self.location, ignore_errors=True)
             return
-        self._remote().delete_dir_contents(self._key("").rstrip("/"), missing_dir_ok=True)
+        try:  # the location's own directory marker too
+            self._remote().delete_dir(self._key("").rstrip("/"))
+        except FileNotFoundError:
+            pass
 
