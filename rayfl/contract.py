@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
 import numbers
 import os
 import signal
 import sys
 import threading
 import traceback
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -284,19 +285,34 @@ def returned_vector(value: Any, like: Any, component: str, what: str,
 
 
 def no_new_non_finite(trail: list, makers: list[str], what: str, round: int | None = None,
-                      client: int | None = None) -> None:
-    """``trail``: a vector, then what each of ``makers`` made of it in turn. When the first is
-    finite and the last is not, a ComponentError naming the first maker whose result holds NaN
-    or ±inf (the run would otherwise stop as diverged, naming no one)."""
-    if _finite(trail[-1]) or not _finite(trail[0]):
+                      client: int | None = None, parts: Callable[[Any], list] = lambda v: [v]
+                      ) -> None:
+    """``trail``: a value, then what each of ``makers`` made of it in turn (``parts``: its
+    tensors and numbers). When the last holds NaN or ±inf, a ComponentError naming the first
+    maker that made such a value of a tame one — finite, with a squared norm its dtype can
+    hold, so that no computation of a correct component overflows on it (the run would
+    otherwise stop as diverged, naming no one). From a value that is not tame (training that
+    diverges: an upload of norm 1e20) a non-finite result is divergence: nobody is named."""
+    if all(map(_finite, parts(trail[-1]))):
         return
-    i = next(i for i, v in enumerate(trail) if not _finite(v))
-    raise ComponentError(makers[i - 1], f"returned {what} holding NaN or ±inf, made from a "
-                                        "finite one", round, client)
+    i = next(i for i, v in enumerate(trail) if not all(map(_finite, parts(v))))
+    if i and all(map(_tame, parts(trail[i - 1]))):
+        raise ComponentError(makers[i - 1], f"returned {what} holding NaN or ±inf, made from a "
+                                            "finite one", round, client)
 
 
-def _finite(v: torch.Tensor) -> bool:
-    return bool(torch.isfinite(v).all())
+def _finite(v: Any) -> bool:
+    return bool(torch.isfinite(v).all()) if isinstance(v, torch.Tensor) else math.isfinite(v)
+
+
+def _tame(v: Any) -> bool:
+    """Finite, and its squared norm representable in its dtype."""
+    if not isinstance(v, torch.Tensor):
+        return math.isfinite(v)
+    if not v.numel() or not v.is_floating_point():
+        return True
+    biggest = float(v.detach().abs().max())
+    return math.isfinite(biggest) and biggest**2 * v.numel() < torch.finfo(v.dtype).max
 
 
 def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:

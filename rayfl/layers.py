@@ -368,6 +368,12 @@ def _taken(metric: str) -> str:
             "name it apart")
 
 
+def _numbers(agg: Aggregate) -> list:
+    """The tensors and numbers of an aggregate that the server's math reads."""
+    return [v for v in (agg.delta_mean, agg.delta_sum, agg.updates, agg.buffers_mean,
+                        agg.weight_sum, agg.delta_sq_sum) if v is not None]
+
+
 def _add_metrics(metrics: dict, owners: dict, new: dict, component: str, t: int) -> None:
     """A layer's metrics added to the round's (``owners``: each name's component): a name the
     runtime writes or one already returned this round is refused (one value would silently
@@ -470,6 +476,7 @@ class Stack:
                f"returned {describe(bc)}{'' if not isinstance(bc, dict) else ' without x'}; "
                "expected a dict with the model the clients start from under 'x'", t)
         returned_vector(bc["x"], state.x, name, "its 'x'", t)
+        no_new_non_finite([state.x, bc["x"]], [name], "an 'x'", t)
         return tensors(bc, name, "its broadcast", t)
 
     def weights(self, state: ServerState, clients: np.ndarray, sizes: np.ndarray
@@ -508,7 +515,7 @@ class Stack:
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics, owners = self._slots(state), {}, {}
-        means, makers = [agg.delta_mean], []
+        aggregates, makers = [agg], []
         for i in reversed(range(len(self.layers))):
             name = name_of(self.layers[i], "aggregate")
             with calling(name, round=t):
@@ -522,9 +529,12 @@ class Stack:
                     agg.delta_mean, state.x, name, "its aggregate's delta_mean", t))
             slots[i] = kept_slot(slots[i], slot, name, t)
             _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
-            means.append(agg.delta_mean)
+            expect(agg.count == 0 or float(agg.weight_sum) > 0, name,
+                   f"returned an aggregate of {agg.count} updates whose weight_sum is "
+                   f"{float(agg.weight_sum):g}; expected > 0 (the weights of its updates)", t)
+            aggregates.append(agg)
             makers.append(name)
-        no_new_non_finite(means, makers, "an aggregate whose delta_mean is", t)
+        no_new_non_finite(aggregates, makers, "an aggregate", t, parts=_numbers)
         if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
             name = name_of(self.optimizer.reset or self.optimizer.init)
             with calling(name, round=t):
@@ -541,7 +551,7 @@ class Stack:
                      t)  # its metrics and its server optimiser's
         models, makers = [x], []
         for i, layer in enumerate(self.layers):
-            srv.deployed = self._deployed(x, own, slots[:i])
+            srv.deployed = self._deployed(x, own, slots[:i], t)
             name = name_of(layer, "after")
             with calling(name, round=t):
                 out = layer.after(slots[i], x, srv)
@@ -569,32 +579,40 @@ class Stack:
                  for key in own if key not in layer.traits.public_reports]
         guard.check_reports(sent, t)
 
-    def deployed(self, state: ServerState) -> Vec:
-        """The model evaluated, reported and saved."""
-        return self._deployed(state.x, state.algorithm, self._slots(state))
+    def deployed(self, state: ServerState, t: int | None = None) -> Vec:
+        """The model evaluated, reported and saved (after round ``t``, named in an error)."""
+        return self._deployed(state.x, state.algorithm, self._slots(state), t)
 
-    def _deployed(self, x: Vec, own: Any, slots: list) -> Vec:
+    def _deployed(self, x: Vec, own: Any, slots: list, t: int | None = None) -> Vec:
         """The model deployed by the algorithm and the first ``len(slots)`` layers."""
-        like = x
+        return self._deployments(x, own, slots, t)[-1]
+
+    def _deployments(self, x: Vec, own: Any, slots: list, t: int | None) -> list[Vec]:
+        """The model the algorithm deploys from ``x``, then what each of the first
+        ``len(slots)`` layers deploys of the one before, each checked."""
+        models, makers = [x], []
         for component, call in [(self.algorithm, lambda x: self.algorithm.deployed(x, own))] + \
                 [(layer, lambda x, layer=layer, slot=slot: layer.deployed(slot, x))
                  for layer, slot in zip(self.layers, slots)]:
             name = name_of(component, "deployed")
-            with calling(name):
-                x = returned_vector(call(x), like, name, "the deployed model")
-        return x
+            with calling(name, round=t):
+                models.append(returned_vector(call(models[-1]), x, name, "the deployed model",
+                                              t))
+            makers.append(name)
+        no_new_non_finite(models, makers, "a deployed model", t)
+        return models[1:]
 
-    def extra_models(self, state: ServerState) -> dict[str, Vec]:
-        """Further models worth evaluating each evaluation round, by metric prefix."""
-        algo, out = self.algorithm, {}
+    def extra_models(self, state: ServerState, t: int | None = None) -> dict[str, Vec]:
+        """Further models worth evaluating each evaluation round (after round ``t``), by
+        metric prefix."""
+        algo, out, slots = self.algorithm, {}, self._slots(state)
         if algo.traits.has("extra_models"):
             out.update(self._extra(algo, lambda: algo.extra_models(state.x, state.algorithm),
-                                   state.x))
-        x = algo.deployed(state.x, state.algorithm)
-        for layer, slot in zip(self.layers, self._slots(state)):
+                                   state.x, t))
+        deployed = self._deployments(state.x, state.algorithm, slots, t)  # under each layer
+        for layer, slot, x in zip(self.layers, slots, deployed):
             out.update(self._extra(layer, lambda layer=layer, slot=slot, x=x:
-                                   layer.extra_models(slot, x), state.x))
-            x = layer.deployed(slot, x)
+                                   layer.extra_models(slot, x), state.x, t))
         return out
 
     def payload_sums(self, sums: tuple, t: int | None = None) -> None:
@@ -604,15 +622,18 @@ class Stack:
             _payload_sums(layer, own, t)
 
     @staticmethod
-    def _extra(component: Any, call: Callable[[], Any], like: Vec) -> dict[str, Vec]:
-        """A component's further models, checked: a dict of names to vectors shaped like x."""
+    def _extra(component: Any, call: Callable[[], Any], like: Vec, t: int | None
+               ) -> dict[str, Vec]:
+        """A component's further models, checked: a dict of names to vectors shaped like x,
+        finite where x is."""
         name = name_of(component, "extra_models")
-        with calling(name):
+        with calling(name, round=t):
             out = call()
         expect(isinstance(out, dict), name,
-               f"returned {describe(out)}; expected a dict of name -> model vector")
+               f"returned {describe(out)}; expected a dict of name -> model vector", t)
         for k, v in out.items():
-            returned_vector(v, like, name, f"its model {k!r}")
+            returned_vector(v, like, name, f"its model {k!r}", t)
+            no_new_non_finite([like, v], [name], f"its model {k!r}", t)
         return out
 
     def upload_bytes(self, numel: int, element_size: int = 4) -> float:

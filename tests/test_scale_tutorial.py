@@ -68,7 +68,9 @@ def test_the_scale_tutorial_trains_100k_clients_on_a_cluster_and_reads_the_run(
         shutil.rmtree(root, ignore_errors=True)
     assert not left, f"the block's kill left {[p.pid for p in left]} running"
     (work,) = [p for p in os.listdir(tmp_path) if p.startswith("rayfl-scale-")]
-    assert sorted(os.listdir(tmp_path / work)) == ["cache", "runs"]
+    runs = tmp_path / work / "runs"  # what the block printed says why a run is missing
+    assert sorted(os.listdir(tmp_path / work)) == ["cache", "runs"] and \
+        len(os.listdir(runs)) == 1, stdout[-3000:] + stderr[-3000:]
     # the dashboard listed the run's actors (two client actors and the server), ended with it
     listed = [ln.split() for ln in stdout.splitlines() if "rayfl/scale-" in ln]
     assert sorted(row[2] for row in listed) == ["ClientWorker", "ClientWorker", "Server"], \

@@ -229,7 +229,7 @@ class StringClientState(Transform):
      "metric 'mine', which tests.test_user_transforms:OwnMetric.aggregate returned this round"),
     ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
     ("NaNUpload, clip", "client_apply", "an upload holding NaN or ±inf, made from a finite one"),
-    ("InfMean", "aggregate", "delta_mean is holding NaN or ±inf, made from a finite one"),
+    ("InfMean", "aggregate", "an aggregate holding NaN or ±inf, made from a finite one"),
     ("NaNModel", "after", "an x holding NaN or ±inf, made from a finite one"),
 ], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
         "same-metric-twice", "client-state-str", "nan-upload", "inf-mean", "nan-model"])

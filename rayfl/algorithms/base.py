@@ -49,8 +49,8 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms import server_opt as opt
-from rayfl.contract import (Lent, calling, describe, expect, name_of, returned, returned_metrics,
-                            returned_vector)
+from rayfl.contract import (Lent, calling, describe, expect, name_of, no_new_non_finite, returned,
+                            returned_metrics, returned_vector)
 from rayfl.runtime.checkpoint_file import unencodable_tree
 
 Vec = torch.Tensor
@@ -257,6 +257,7 @@ class ServerRound:
         step, self.opt_state, metrics = returned(out, ("step", "state", "metrics"), name,
                                                  self.t)
         step = returned_vector(step, direction, name, "its step", self.t)
+        no_new_non_finite([direction, step], [name], "a step", self.t)
         self.metrics = returned_metrics(metrics, name, self.t)
         found = unencodable_tree(self.opt_state)
         expect(found is None, name, f"returned a state holding {found}, which a checkpoint "

@@ -58,12 +58,23 @@ class TensorBoardLogger:
 
 
 class MLflowLogger:
-    """One MLflow run per rayfl run: the resolved config as params, every row as metrics."""
+    """One MLflow run per rayfl run: the resolved config as params, every row as metrics.
+
+    The MLflow run is made with the run's first row (or its end), not before: a run stopped
+    before it recorded a round leaves none (its directory is removed too)."""
 
     def __init__(self, run_dir: str, cfg):
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the local ``mlruns`` store
+        self.run_dir, self.cfg = run_dir, cfg
+        self.client, self.run_id = None, None
+
+    def _run(self) -> str:
+        """The MLflow run's id, made (or, on resume, read from the run directory) once."""
+        if self.run_id is not None:
+            return self.run_id
         from mlflow import MlflowClient
 
+        cfg, run_dir = self.cfg, self.run_dir
         # default: next to the run directory (<output_dir>/mlruns), resolved from run_dir,
         # which is absolute, since this actor's cwd need not be the user's
         uri = cfg.loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
@@ -72,31 +83,34 @@ class MLflowLogger:
         if os.path.isfile(id_path):
             with open(id_path) as f:
                 self.run_id = f.read().strip()
-            return
+            return self.run_id
         name = cfg.loggers.mlflow_experiment or cfg.name
         found = self.client.get_experiment_by_name(name)
         experiment = found.experiment_id if found else self.client.create_experiment(name)
         run = self.client.create_run(experiment, run_name=os.path.basename(run_dir),
                                      tags={"rayfl.run_dir": os.path.abspath(run_dir)})
-        self.run_id = run.info.run_id
         from mlflow.entities import Param
 
         params = [Param(k, v) for k, v in flat_params(to_dict(cfg)).items()]
         for i in range(0, len(params), 100):  # MLflow's batch limit
-            self.client.log_batch(self.run_id, params=params[i:i + 100])
+            self.client.log_batch(run.info.run_id, params=params[i:i + 100])
         with open(id_path, "w") as f:
-            f.write(self.run_id)
+            f.write(run.info.run_id)
+        self.run_id = run.info.run_id
+        return self.run_id
 
     def log(self, row: dict) -> None:
         from mlflow.entities import Metric
 
+        run_id = self._run()
         stamp = int(1000 * row.get("elapsed_s", 0.0))
         metrics = [Metric(k, v, stamp, row["round"]) for k, v in scalars(row).items()]
         for i in range(0, len(metrics), 1000):
-            self.client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
     def close(self, status: str) -> None:
-        self.client.set_terminated(self.run_id, status=status)
+        run_id = self._run()
+        self.client.set_terminated(run_id, status=status)
 
 
 def open_loggers(run_dir: str, cfg) -> list:

@@ -175,14 +175,15 @@ class Server:
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
                     or last:
-                row.update(self.evaluate())
+                row.update(self.evaluate(t))
                 if self.client_eval is not None:
                     row.update(self.client_eval.evaluate(
-                        t, self.stack.deployed(self.state), self.state.buffers,
+                        t, self.stack.deployed(self.state, t), self.state.buffers,
                         self.loop.versions if self.algorithm.traits.has("personal_model")
                         else None))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
-            diverged = divergence.flag(row, self.stack.deployed(self.state), cfg.loss_ceiling)
+            diverged = divergence.flag(row, self.stack.deployed(self.state, t),
+                                       cfg.loss_ceiling)
             starved = empty.after(row)  # the reason a run of empty rounds stops here, or None
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
@@ -254,7 +255,7 @@ class Server:
         tick = time.perf_counter()
         self.virtual_time += plan.duration
         if keep_dir is not None:
-            self._keep_global(keep_dir, out.state)
+            self._keep_global(keep_dir, out.state, t)
         out.aggregate_s += time.perf_counter() - tick
         return out, {**plan.metrics,
                      **({} if self.account is None else
@@ -279,21 +280,22 @@ class Server:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def _keep_global(self, path: str, state) -> None:
-        """The new deployed model (and the algorithm's extra models) after the round."""
-        models = {"global": self.stack.deployed(state), **self.stack.extra_models(state)}
+    def _keep_global(self, path: str, state, t: int) -> None:
+        """The new deployed model (and the algorithm's extra models) after round ``t``."""
+        models = {"global": self.stack.deployed(state, t), **self.stack.extra_models(state, t)}
         for name, vec in models.items():
             np.save(os.path.join(path, f"{name}.npy"), vec.detach().cpu().numpy())
         if state.buffers is not None:
             np.save(os.path.join(path, "buffers.npy"), self._final_buffers())
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
+    def evaluate(self, t: int | None = None) -> dict:
         """Loss/accuracy of the deployed model on the test set (and on the validation clients,
-        when the partition holds some); the algorithm's extra models on the test set."""
+        when the partition holds some); the algorithm's extra models on the test set (after
+        round ``t``)."""
         tick = time.perf_counter()
         bs = self.cfg.eval.batch_size
-        deployed = self.stack.deployed(self.state)
+        deployed = self.stack.deployed(self.state, t)
         self.model.set_buffers(self.state.buffers)
         out = {}
         for split, (x, y) in self.eval_sets.items():
@@ -301,7 +303,7 @@ class Server:
                 deployed, x, y, self.loss_fn, bs)
         test_x, test_y = self.eval_sets["test"]
         out.update(test_metrics(self.handle, self.model, deployed, test_x, test_y, bs))
-        for name, vec in self.stack.extra_models(self.state).items():
+        for name, vec in self.stack.extra_models(self.state, t).items():
             out[f"{name}_test_loss"], out[f"{name}_test_accuracy"] = self.model.evaluate(
                 vec, test_x, test_y, self.loss_fn, bs)
         out["eval_s"] = time.perf_counter() - tick
