@@ -369,9 +369,10 @@ def _taken(metric: str) -> str:
 
 
 def _numbers(agg: Aggregate) -> list:
-    """The tensors and numbers of an aggregate that the server's math reads."""
+    """The tensors and numbers of an aggregate that the server's model update reads (not
+    ``delta_sq_sum``, a drift statistic that DP's noised sum leaves NaN: unknown)."""
     return [v for v in (agg.delta_mean, agg.delta_sum, agg.updates, agg.buffers_mean,
-                        agg.weight_sum, agg.delta_sq_sum) if v is not None]
+                        agg.weight_sum) if v is not None]
 
 
 def _add_metrics(metrics: dict, owners: dict, new: dict, component: str, t: int) -> None:

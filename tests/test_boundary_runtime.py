@@ -199,8 +199,8 @@ def test_a_selector_that_breaks_in_round_three_stops_the_run_there(cli, tmp_path
                                            "RuntimeError: the server rule is broken",)),
     ([ALGORITHM + "StringMetric"], 1, ("StringMetric.server_update (round 1): metric 'note' is "
                                        "a str; expected a real number",)),
-    ([ALGORITHM + "DeploysPart"], 1, ("DeploysPart.deployed: the deployed model is a float32 "
-                                      "tensor of shape (5,)",)),
+    ([ALGORITHM + "DeploysPart"], 1, ("DeploysPart.deployed (round 1): the deployed model is a "
+                                      "float32 tensor of shape (5,)",)),
     ([f"wrappers=[{{name: {BAD}:AfterReturnsTwo}}]"], 1, (
         "AfterReturnsTwo.after (round 1): returned a tuple of 2; expected a tuple (x, slot, "
         "metrics)",)),

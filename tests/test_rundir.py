@@ -113,9 +113,9 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
     s.state = SimpleNamespace(x=torch.zeros(3))
     s.participation = s.canaries = s.account = None  # no privacy: no bound, audit or account
-    s.stack = SimpleNamespace(deployed=lambda state: state.x)
+    s.stack = SimpleNamespace(deployed=lambda state, t=None: state.x)
     s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
-    s.evaluate = lambda: {"test_loss": 1.0, "test_accuracy": 0.5}
+    s.evaluate = lambda t=None: {"test_loss": 1.0, "test_accuracy": 0.5}
     s.client_eval = None  # eval.clients = 0
     s._checkpoint = lambda t, elapsed: s.log.at_checkpoint.append((t, s.log.flushed))
     s._final_model = lambda: np.zeros(3, dtype=np.float32)
