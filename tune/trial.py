@@ -69,10 +69,13 @@ class TrialRun:
         free its group, which ends whatever is left in it."""
         ray.cancel(self.ref)
         ray.wait([self.ref], timeout=STOP_WAIT_S)
-        remove_placement_group(self.pg)
+        self.release()
 
     def release(self) -> None:
-        """Free the group of a run that has ended."""
+        """Free the group of a run that has ended, once Ray has placed it: a group removed while
+        its bundles are being placed leaks them (ray-project/ray#64693), CPUs no later run
+        gets; one still waiting for room after ``STOP_WAIT_S`` is removed as it is."""
+        ray.wait([self.pg.ready()], timeout=STOP_WAIT_S)
         remove_placement_group(self.pg)
 
 
