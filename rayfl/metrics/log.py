@@ -8,6 +8,7 @@ and :meth:`MetricsLog.append` is where one becomes the other (round = t + 1).
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -57,6 +58,17 @@ class MetricsLog:
     def flush(self) -> None:
         """Rewrite ``metrics.parquet`` (atomically)."""
         write_parquet(self.rows, self.path)
+
+    def interrupt(self, status: str) -> None:
+        """Tell the loggers the run stopped before its end: ``KILLED`` (paused, interrupted;
+        ``rayfl resume`` continues) or ``FAILED`` (an error). A logger that cannot be told
+        (its tracking server gone, say) does not hide why the run stopped."""
+        for logger in self.loggers:
+            try:
+                logger.interrupt(status)
+            except Exception as e:  # noqa: BLE001 - the run's own error is the one to raise
+                warnings.warn(f"{type(logger).__name__} could not mark the run {status}: "
+                              f"{type(e).__name__}: {e}", stacklevel=2)
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
                buffers: np.ndarray | None = None,

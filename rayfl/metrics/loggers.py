@@ -3,7 +3,9 @@
 Enabled by the ``loggers`` config section. Each logger receives the full row the server appends
 to ``metrics.parquet`` (numbers only; ``round``, 1-based, is the step), so what TensorBoard or
 MLflow shows is exactly what the Parquet file holds. A resumed run keeps writing to the same
-event directory and the same MLflow run (its id is kept in ``<run_dir>/mlflow_run_id``).
+event directory and the same MLflow run (its id is kept in ``<run_dir>/mlflow_run_id``): a run
+that ends is FINISHED in MLflow (FAILED when it diverged, stopped early or raised), one paused
+is KILLED until ``rayfl resume`` makes it RUNNING again.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self, status: str) -> None:
-        self.writer.close()
+        self.writer.close()  # a later row opens a new event file
+
+    interrupt = close
 
 
 class MLflowLogger:
@@ -69,7 +73,8 @@ class MLflowLogger:
         self.client, self.run_id = None, None
 
     def _run(self) -> str:
-        """The MLflow run's id, made (or, on resume, read from the run directory) once."""
+        """The MLflow run's id, made (or, on resume, read from the run directory and marked
+        RUNNING again) once."""
         if self.run_id is not None:
             return self.run_id
         from mlflow import MlflowClient
@@ -83,6 +88,7 @@ class MLflowLogger:
         if os.path.isfile(id_path):
             with open(id_path) as f:
                 self.run_id = f.read().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
         name = cfg.loggers.mlflow_experiment or cfg.name
         found = self.client.get_experiment_by_name(name)
@@ -111,6 +117,13 @@ class MLflowLogger:
     def close(self, status: str) -> None:
         run_id = self._run()
         self.client.set_terminated(run_id, status=status)
+
+    def interrupt(self, status: str) -> None:
+        """End the MLflow run with ``status`` if this process opened it (a run interrupted
+        before its first row here leaves the MLflow run as it was); a later row reopens it."""
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
+            self.run_id = None
 
 
 def open_loggers(run_dir: str, cfg) -> list:

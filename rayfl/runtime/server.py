@@ -153,9 +153,19 @@ class Server:
         """
         try:
             with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
-                return self._run(max_rounds, on_progress)
+                out = self._run(max_rounds, on_progress)
         except OSError as e:
+            self.log.interrupt("FAILED")
             raise storage.StorageError.of(e) from None
+        except (KeyboardInterrupt, SystemExit):
+            self.log.interrupt("KILLED")
+            raise
+        except BaseException:
+            self.log.interrupt("FAILED")
+            raise
+        if "paused_after_round" in out:
+            self.log.interrupt("KILLED")
+        return out
 
     def _run(self, max_rounds: int | None, on_progress) -> dict:
         start = time.perf_counter()
