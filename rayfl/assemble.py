@@ -10,7 +10,7 @@ from rayfl.algorithms.wrapper import wrappers_of
 from rayfl.contract import ComponentError, calling, describe, expect, name_of
 from rayfl.layers import Facts, Stack
 from rayfl.schema import ConfigError
-from rayfl.transforms import transforms_of
+from rayfl.transforms import keyed_transforms
 
 
 def stack(cfg, num_clients: int) -> Stack:
@@ -30,7 +30,9 @@ def stack(cfg, num_clients: int) -> Stack:
         lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
         opt = server_opt_of(o, lr)
     facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
-    return Stack(algo, opt, wrappers_of(cfg, facts), transforms_of(cfg, facts))
+    wrappers, transforms = wrappers_of(cfg, facts), keyed_transforms(cfg, facts)
+    return Stack(algo, opt, [w for _, w in wrappers], [t for _, t in transforms],
+                 [key for key, _ in wrappers + transforms])
 
 
 def server_opt_of(section, lr: float):

@@ -387,10 +387,10 @@ def _add_metrics(metrics: dict, owners: dict, new: dict, component: str, t: int)
     metrics.update(new)
 
 
-def _payload_sums(layer: Layer, sums: dict, t: int | None) -> None:
-    """A layer's payload sums checked: tensors or numbers (what the client half adds to
-    ``ctx.payload``, summed over the round's clients, as an algorithm's payload is)."""
-    name = name_of(layer, "client_apply")
+def _payload_sums(name: str, sums: dict, t: int | None) -> None:
+    """A layer's payload sums checked (``name``: its ``client_apply``): tensors or numbers (what
+    the client half adds to ``ctx.payload``, summed over the round's clients, as an algorithm's
+    payload is)."""
     expect(isinstance(sums, dict), name,
            f"filled its payload with {describe(sums)}; expected a dict of name -> value", t)
     for k, v in sums.items():
@@ -399,9 +399,9 @@ def _payload_sums(layer: Layer, sums: dict, t: int | None) -> None:
                "numbers, summed over the round's clients", t)
 
 
-def _rate(layer: Layer, lr: Any, t: int) -> float:
-    """A layer's client learning rate, checked to be a finite number ≥ 0."""
-    name = name_of(layer, "client_lr")
+def _rate(name: str, lr: Any, t: int) -> float:
+    """A layer's client learning rate (``name``: its ``client_lr``), checked to be a finite
+    number ≥ 0."""
     expect(isinstance(lr, numbers.Real) and math.isfinite(lr) and lr >= 0, name,
            f"returned {lr!r} as the clients' learning rate; expected a finite number ≥ 0", t)
     return float(lr)
@@ -412,17 +412,29 @@ class Stack:
     """The algorithm, its server optimiser, the wrappers and the transforms of a run."""
 
     def __init__(self, algorithm: Algorithm, optimizer: ServerOpt,
-                 wrappers: list[Layer] | None = None, transforms: list[Layer] | None = None):
+                 wrappers: list[Layer] | None = None, transforms: list[Layer] | None = None,
+                 where: list[str] | None = None):
         self.algorithm, self.optimizer = algorithm, optimizer
         self.wrappers = list(wrappers or [])
         transforms = list(transforms or [])
+        given = self.wrappers + transforms
+        where = dict(zip(map(id, given), where or [f"layers[{i}]" for i in range(len(given))]))
         self.transforms = [t for t in transforms if not t.traits.transport] + \
             [t for t in transforms if t.traits.transport]
         self.layers = self.wrappers + self.transforms  # client order
+        kinds = [type(layer) for layer in self.layers]
+        #: where each layer is configured, said in its errors when its class is there twice
+        self._at = [f" at {where[id(layer)]}" if kinds.count(type(layer)) > 1 else ""
+                    for layer in self.layers]
         self.needs_updates = any(layer.traits.needs_updates for layer in self.layers)
         #: the layer that privatises the upload (DP), or None
         self.privatiser = next((layer for layer in self.layers if layer.traits.privatises),
                                None)
+
+    def name(self, i: int, method: str) -> str:
+        """``module:Name.method`` of layer ``i`` (client order), with where it is configured
+        when another layer is of its class."""
+        return f"{name_of(self.layers[i], method)}{self._at[i]}"
 
     def _slots(self, state: ServerState) -> list:
         return list(state.wrappers) + list(state.transforms)
@@ -435,8 +447,8 @@ class Stack:
     def init(self, x0: Vec, buffers: Vec | None = None) -> ServerState:
         """The state of a fresh run from the model x_0 (and its buffers)."""
         slots = []
-        for layer in self.layers:
-            name = name_of(layer, "init")
+        for i, layer in enumerate(self.layers):
+            name = self.name(i, "init")
             with calling(name):
                 slots.append(checkpointable(layer.init(x0), name, "a slot"))
         wrappers, transforms = self._split(slots)
@@ -458,8 +470,8 @@ class Stack:
     def broadcast(self, state: ServerState, t: int) -> Broadcast:
         """What the clients trained from server update ``t`` receive."""
         algorithm, own = self._algorithm_broadcast(state, t), []
-        for layer, slot in zip(self.layers, self._slots(state)):
-            name = name_of(layer, "broadcast")
+        for i, (layer, slot) in enumerate(zip(self.layers, self._slots(state))):
+            name = self.name(i, "broadcast")
             with calling(name, round=t):
                 own.append(tensors(layer.broadcast(slot, t), name, "its broadcast", t))
         return Broadcast(algorithm, tuple(own), state.buffers)
@@ -501,9 +513,9 @@ class Stack:
         """η_l of round ``t``: η_0 · decay^t under the layers' own schedules (each checked to
         give a finite rate ≥ 0)."""
         rate: Callable[[int], float] = lambda s: lr0 * decay**s  # noqa: E731
-        for layer, slot in zip(self.layers, self._slots(state)):
-            rate = (lambda s, layer=layer, slot=slot, inner=rate:
-                    _rate(layer, layer.client_lr(slot, s, inner), s))
+        for i, (layer, slot) in enumerate(zip(self.layers, self._slots(state))):
+            rate = (lambda s, layer=layer, slot=slot, inner=rate, name=self.name(i, "client_lr"):
+                    _rate(name, layer.client_lr(slot, s, inner), s))
         return rate(t)
 
     def update(self, state: ServerState, agg: Aggregate, sums: tuple, t: int
@@ -518,7 +530,7 @@ class Stack:
         slots, metrics, owners = self._slots(state), {}, {}
         aggregates, makers = [agg], []
         for i in reversed(range(len(self.layers))):
-            name = name_of(self.layers[i], "aggregate")
+            name = self.name(i, "aggregate")
             with calling(name, round=t):
                 out = self.layers[i].aggregate(slots[i], agg, sums[i], srv)
             given = agg
@@ -553,7 +565,7 @@ class Stack:
         models, makers = [x], []
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i], t)
-            name = name_of(layer, "after")
+            name = self.name(i, "after")
             with calling(name, round=t):
                 out = layer.after(slots[i], x, srv)
             x, slot, m = returned(out, ("x", "slot", "metrics"), name, t)
@@ -575,8 +587,8 @@ class Stack:
         if guard is None:
             return
         sent = [(name_of(self.algorithm, "client_train"), key) for key in algorithm_keys]
-        sent += [(name_of(layer, "client_apply"), key)
-                 for layer, own in zip(self.layers, sums) if layer is not guard
+        sent += [(self.name(i, "client_apply"), key)
+                 for i, (layer, own) in enumerate(zip(self.layers, sums)) if layer is not guard
                  for key in own if key not in layer.traits.public_reports]
         guard.check_reports(sent, t)
 
@@ -592,10 +604,11 @@ class Stack:
         """The model the algorithm deploys from ``x``, then what each of the first
         ``len(slots)`` layers deploys of the one before, each checked."""
         models, makers = [x], []
-        for component, call in [(self.algorithm, lambda x: self.algorithm.deployed(x, own))] + \
-                [(layer, lambda x, layer=layer, slot=slot: layer.deployed(slot, x))
-                 for layer, slot in zip(self.layers, slots)]:
-            name = name_of(component, "deployed")
+        for name, call in \
+                [(name_of(self.algorithm, "deployed"), lambda x: self.algorithm.deployed(x, own))] \
+                + [(self.name(i, "deployed"), lambda x, layer=layer, slot=slot:
+                    layer.deployed(slot, x)) for i, (layer, slot) in enumerate(zip(self.layers,
+                                                                                   slots))]:
             with calling(name, round=t):
                 models.append(returned_vector(call(models[-1]), x, name, "the deployed model",
                                               t))
@@ -608,26 +621,26 @@ class Stack:
         metric prefix."""
         algo, out, slots = self.algorithm, {}, self._slots(state)
         if algo.traits.has("extra_models"):
-            out.update(self._extra(algo, lambda: algo.extra_models(state.x, state.algorithm),
+            out.update(self._extra(name_of(algo, "extra_models"),
+                                   lambda: algo.extra_models(state.x, state.algorithm),
                                    state.x, t))
         deployed = self._deployments(state.x, state.algorithm, slots, t)  # under each layer
-        for layer, slot, x in zip(self.layers, slots, deployed):
-            out.update(self._extra(layer, lambda layer=layer, slot=slot, x=x:
-                                   layer.extra_models(slot, x), state.x, t))
+        for i, (layer, slot, x) in enumerate(zip(self.layers, slots, deployed)):
+            out.update(self._extra(self.name(i, "extra_models"), lambda layer=layer, slot=slot,
+                                   x=x: layer.extra_models(slot, x), state.x, t))
         return out
 
     def payload_sums(self, sums: tuple, t: int | None = None) -> None:
         """Each layer's payload sums of round ``t`` checked (ComponentError naming its
         ``client_apply``)."""
-        for layer, own in zip(self.layers, sums):
-            _payload_sums(layer, own, t)
+        for i, own in enumerate(sums):
+            _payload_sums(self.name(i, "client_apply"), own, t)
 
     @staticmethod
-    def _extra(component: Any, call: Callable[[], Any], like: Vec, t: int | None
+    def _extra(name: str, call: Callable[[], Any], like: Vec, t: int | None
                ) -> dict[str, Vec]:
-        """A component's further models, checked: a dict of names to vectors shaped like x,
-        finite where x is."""
-        name = name_of(component, "extra_models")
+        """A component's further models (``name``: its ``extra_models``), checked: a dict of
+        names to vectors shaped like x, finite where x is."""
         with calling(name, round=t):
             out = call()
         expect(isinstance(out, dict), name,

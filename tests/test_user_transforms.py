@@ -225,14 +225,12 @@ class StringClientState(Transform):
     ("SlotChangesKind", "aggregate", "a slot of another structure than the one it was given"),
     ("ShortMean", "aggregate", "its aggregate's delta_mean is a float32 tensor of shape (2,)"),
     ("RuntimeColumn", "aggregate", "metric 'train_loss', a column the runtime writes itself"),
-    ("OwnMetric, OwnMetric", "aggregate",
-     "metric 'mine', which tests.test_user_transforms:OwnMetric.aggregate returned this round"),
     ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
     ("NaNUpload, clip", "client_apply", "an upload holding NaN or ±inf, made from a finite one"),
     ("InfMean", "aggregate", "an aggregate holding NaN or ±inf, made from a finite one"),
     ("NaNModel", "after", "an x holding NaN or ±inf, made from a finite one"),
 ], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
-        "same-metric-twice", "client-state-str", "nan-upload", "inf-mean", "nan-model"])
+        "client-state-str", "nan-upload", "inf-mean", "nan-model"])
 def test_a_transform_breaking_its_contract_is_named_with_what_it_broke(tiny, entries, method,
                                                                        says):
     """Each was silently accepted (a resume then refused the checkpoint, a column overwritten)
@@ -244,6 +242,40 @@ def test_a_transform_breaking_its_contract_is_named_with_what_it_broke(tiny, ent
     first = [c for c in entries.split(", ") if c not in BUILT_IN][-1]
     assert f"tests.test_user_transforms:{first}.{method}" in str(err.value)
     assert says in str(err.value) and "(round 1" in str(err.value)
+
+
+@dataclass(frozen=True)
+class BreakParams:
+    breaks: bool = False
+
+
+class BreaksWhenAsked(Transform):
+    Params = BreakParams
+
+    def broadcast(self, slot, t):
+        if self.params.breaks:
+            raise RuntimeError("asked to break")
+        return {}
+
+
+def test_of_two_layers_of_one_class_the_one_that_broke_is_named_by_its_key(tiny):
+    """Both were `BreaksWhenAsked.broadcast`: which entry broke was for the user to guess."""
+    name = "tests.test_user_transforms:BreaksWhenAsked"
+    with pytest.raises(ComponentError) as err:
+        _run(tiny, f"aggregation.transforms=[{{name: '{name}'}}, "
+                   f"{{name: '{name}', breaks: true}}]")
+    assert str(err.value).startswith(f"{name}.broadcast at aggregation.transforms[1] (round 1)")
+    with pytest.raises(ComponentError) as err:  # one of its class: no key needed
+        _run(tiny, f"aggregation.transforms=[{{name: '{name}', breaks: true}}, {{name: clip}}]")
+    assert str(err.value).startswith(f"{name}.broadcast (round 1)")
+
+
+def test_two_layers_of_one_class_reporting_one_metric_are_told_apart(tiny):
+    name = "tests.test_user_transforms:OwnMetric"
+    with pytest.raises(ComponentError) as err:
+        _run(tiny, f"aggregation.transforms=[{{name: '{name}'}}, {{name: '{name}'}}]")
+    assert str(err.value).startswith(f"{name}.aggregate at aggregation.transforms[0] (round 1)")
+    assert f"which {name}.aggregate at aggregation.transforms[1] returned" in str(err.value)
 
 
 def test_training_that_diverges_under_a_layer_is_a_diverged_run_not_the_layers_fault(tiny):

@@ -52,12 +52,13 @@ def check_run(cfg: Any) -> None:
             cls.check_config(params, cfg, where)
 
 
-def wrappers_of(cfg: Any, facts: Facts) -> list[ServerWrapper]:
-    """The configured wrappers, innermost first (one that fails while being built is named)."""
+def wrappers_of(cfg: Any, facts: Facts) -> list[tuple[str, ServerWrapper]]:
+    """The configured wrappers, innermost first, each with its config key (one that fails while
+    being built is named)."""
     out = []
-    for _, cls, params in wrapper_classes(cfg):
+    for where, cls, params in wrapper_classes(cfg):
         with calling(name_of(cls, "__init__")):
-            out.append(cls(params, facts))
+            out.append((where, cls(params, facts)))
     return out
 
 

@@ -151,14 +151,14 @@ class ClientWorker:
     def _source(self, t: int, round_clients: np.ndarray | None):
         """client id -> its rows of round ``t`` (:class:`ClientData`: gradient function, model)."""
         rows = self._round_rows(t, round_clients)
-        model, loss_fn, layers = self.model, self.loss_fn, self.stack.layers
+        model, loss_fn, stack = self.model, self.loss_fn, self.stack
         classes = self.reader.handle.num_classes
 
         def source(client: int):
             raw_x, raw_y = rows.client(client)
             x, y = self.reader.tensors(raw_x, raw_y, self.device)
-            for layer in layers:  # a label-flipping attacker
-                with calling(name_of(layer, "client_labels"), t, client):
+            for i, layer in enumerate(stack.layers):  # a label-flipping attacker
+                with calling(stack.name(i, "client_labels"), t, client):
                     y = layer.client_labels(y, client, classes)
 
             indices = DeviceIndices(x.device)

@@ -171,7 +171,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
     algorithm, layers = stack.algorithm, stack.layers
     traits = algorithm.traits
     trains = name_of(type(algorithm), "client_train")
-    applies = [name_of(layer, "client_apply") for layer in layers]
+    applies = [stack.name(i, "client_apply") for i in range(len(layers))]
     sums, written = [], []
     x = bc.algorithm["x"]
     for group, tasks in groups:

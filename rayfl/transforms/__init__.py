@@ -107,14 +107,19 @@ def transforms_of(cfg, facts: Facts | None = None) -> list[Transform]:
     DP-FedAvg's mechanism when ``privacy`` is set (the stack puts SecAgg's transport last); one
     that fails while being built is named. ``facts`` default to the config's own (seed, rounds,
     clients a round, the clients that train)."""
+    return [step for _, step in keyed_transforms(cfg, facts)]
+
+
+def keyed_transforms(cfg, facts: Facts | None = None) -> list[tuple[str, Transform]]:
+    """:func:`transforms_of`'s transforms, each with the config key it is configured at."""
     if facts is None:
         facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round,
                       cfg.data.num_clients - cfg.data.validation_clients)
-    steps: list[Transform] = []
-    for _, cls, params in _configured(cfg):
+    steps: list[tuple[str, Transform]] = []
+    for where, cls, params in _configured(cfg):
         with calling(name_of(cls, "__init__")):
-            steps.append(cls(params, facts))
+            steps.append((where, cls(params, facts)))
     if cfg.privacy is not None:
-        steps.append(GaussianDP.of(cfg.privacy, facts))
+        steps.append(("privacy", GaussianDP.of(cfg.privacy, facts)))
     return steps
 
