@@ -288,11 +288,13 @@ def no_new_non_finite(trail: list, makers: list[str], what: str, round: int | No
                       client: int | None = None, parts: Callable[[Any], list] = lambda v: [v]
                       ) -> None:
     """``trail``: a value, then what each of ``makers`` made of it in turn (``parts``: its
-    tensors and numbers). When the last holds NaN or ±inf, a ComponentError naming the first
-    maker that made such a value of a tame one — finite, with a squared norm its dtype can
-    hold, so that no computation of a correct component overflows on it (the run would
-    otherwise stop as diverged, naming no one). From a value that is not tame (training that
-    diverges: an upload of norm 1e20) a non-finite result is divergence: nobody is named."""
+    tensors and numbers). When the last holds NaN or ±inf, the trail's first value that does is
+    looked at: a ComponentError names its maker if that made it of a tame value — finite, with
+    a squared norm its dtype can hold, so that no computation of a correct component overflows
+    on it (the run would otherwise stop as diverged, naming no one). From a value that is not
+    tame (training that diverges: an upload of norm 1e20) a non-finite result is divergence:
+    nobody is named. The values are read when this is called: a maker that wrote NaN into the
+    value it was given, in place, is not told apart from its input."""
     if all(map(_finite, parts(trail[-1]))):
         return
     i = next(i for i, v in enumerate(trail) if not all(map(_finite, parts(v))))
@@ -312,7 +314,7 @@ def _tame(v: Any) -> bool:
     if not v.numel() or not v.is_floating_point():
         return True
     biggest = float(v.detach().abs().max())
-    return math.isfinite(biggest) and biggest**2 * v.numel() < torch.finfo(v.dtype).max
+    return math.isfinite(biggest) and biggest * biggest * v.numel() < torch.finfo(v.dtype).max
 
 
 def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:

@@ -542,7 +542,8 @@ class Stack:
                     agg.delta_mean, state.x, name, "its aggregate's delta_mean", t))
             slots[i] = kept_slot(slots[i], slot, name, t)
             _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
-            expect(agg.count == 0 or float(agg.weight_sum) > 0, name,
+            expect(agg.weight_sum is given.weight_sum or agg.count == 0
+                   or float(agg.weight_sum) > 0, name,
                    f"returned an aggregate of {agg.count} updates whose weight_sum is "
                    f"{float(agg.weight_sum):g}; expected > 0 (the weights of its updates)", t)
             aggregates.append(agg)

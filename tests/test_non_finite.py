@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from tests.conftest import TINY
 HERE = "tests.test_non_finite"
 IN_PROCESS = ["runtime.executor=inprocess", "rounds=3"]
 NAN = float("nan")
+EMPTY_ROUND = 6  # the round (of six) in which every client the seed draws drops out
 
 
 class RowsToNaN(Transform):
@@ -153,3 +155,27 @@ def test_with_mlflow_a_run_stopped_before_its_first_row_leaves_no_mlflow_run(tin
     (and no output_dir) behind."""
     _named(tiny, "loggers.mlflow=true", f"algorithm.name={HERE}:DeploysNaN")
     assert not os.path.exists(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("layer", [
+    ["aggregation.transforms=[{name: secagg}]", "aggregation.weighting=uniform"],
+    ["aggregation.transforms=[{name: median}]"], ["aggregation.transforms=[{name: krum}]"],
+    ["aggregation.transforms=[{name: trimmed_mean}]"], ["compression={method: topk}"],
+    ["privacy={clip_norm: 1.0, noise_multiplier: 0.5}"], ["wrappers=[{name: ima}]"],
+], ids=["secagg", "median", "krum", "trimmed_mean", "topk", "dp", "ima"])
+def test_a_round_nobody_completed_passes_every_built_in_layer(tiny, layer):
+    """SecAgg divided the empty round's zero sum by its zero weight, and was named for it."""
+    res = _run(tiny, "rounds=6", "clients_per_round=5", "availability.dropout=0.75", *layer)
+    rows = pq.read_table(os.path.join(res.run_dir, "metrics.parquet")).to_pylist()
+    assert [r["round"] for r in rows if r["completed"] == 0] == [EMPTY_ROUND]
+    assert len(rows) == 6 and not res.summary["diverged"]
+
+
+def test_a_float64_value_too_large_to_square_is_divergence_not_a_traceback():
+    """Python's float ** 2 raised OverflowError on it."""
+    from rayfl.contract import no_new_non_finite
+
+    big = torch.tensor([1e200, 1.0], dtype=torch.float64)
+    no_new_non_finite([big, big * big], ["m:Squares"], "an x")  # nobody named
+    with pytest.raises(ComponentError, match="m:Breaks: returned an x holding NaN"):
+        no_new_non_finite([big / 1e200, big * NAN], ["m:Breaks"], "an x")

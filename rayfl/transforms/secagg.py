@@ -86,9 +86,11 @@ class SecAgg(Transform):
         return (wrapped * 2.0 ** -self.frac_bits).to(total.dtype)
 
     def aggregate(self, slot, agg: Aggregate, sums: dict, srv):
+        if not agg.count:  # nobody completed: nothing was masked, there is no mean
+            return agg, slot, {}
         total = self.decode(agg.delta_sum)
         return dataclasses.replace(agg, delta_sum=total,
-                                   delta_mean=total / max(agg.weight_sum, 1e-300),
+                                   delta_mean=total / agg.weight_sum,
                                    delta_sq_sum=float("nan")), slot, {}
 
     def upload_bytes(self, numel: int, incoming: float) -> float:
