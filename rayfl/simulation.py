@@ -303,16 +303,18 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
     its lock, provenance, then the run (from the checkpoint in ``run_dir`` when ``resume``) on
     the :class:`Parts` the pre-flight built.
 
-    A new run stopped by bad input before it recorded a round (a user's component breaking its
-    contract in the server's half, which the pre-flight cannot run: a
-    :data:`~rayfl.failures.CLEAR` error) leaves nothing behind: its directory, the directories
-    made for it and its files in ``runtime.storage`` are removed."""
-    created, recorded = [], None  # rounds in metrics.parquet once the directory is written
+    A new run stopped by bad input before it recorded a round (a
+    :data:`~rayfl.failures.CLEAR` error: a user's component breaking its contract, say in the
+    server's half, which the pre-flight cannot run) leaves nothing behind: its directory, the
+    directories made for it and its files in ``runtime.storage`` are removed."""
+    created, recorded, kept = [], None, None  # recorded: metrics.parquet's rows once written
     if new:  # Ray first: a cluster that cannot be joined leaves no directory behind
         _ensure_ray(cfg)
-        rundir.check_new(run_dir)  # still free after the checks
+        rundir.check_new(run_dir)  # still free after the checks (a download can take minutes)
+        storage.check_new_run(cfg, run_dir)
+        kept = _storage_kept(cfg, run_dir)
         created = rundir.make(run_dir)
-    lock, undo = rundir.Lock(run_dir), False  # refused while another process writes the run
+    lock = rundir.Lock(run_dir)  # refused while another process writes the run
     try:
         if not new:
             _ensure_ray(cfg)
@@ -327,14 +329,52 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
         return _execute(cfg, parts.handle, parts.stack, parts.executor, run_dir, resume, quiet,
                         max_rounds, on_round)
     except failures.CLEAR:
-        undo = new and recorded in (None, rundir.rows_recorded(run_dir))
+        if new and recorded in (None, rundir.rows_recorded(run_dir)):
+            _remove_new_run(cfg, run_dir, created, kept)  # the lock still held
         raise
     finally:
         lock.release()
-        if undo:
-            if cfg.runtime.storage is not None:  # held no files when the run began
-                storage.Storage(storage.run_location(cfg, run_dir)).clear()
-            rundir.unmake(run_dir, created)
+
+
+def _storage_kept(cfg: Config, run_dir: str) -> set[str] | None:
+    """The directories already under a new run's ``runtime.storage`` location when it is a
+    local one that exists (kept if the run is removed; it holds no files); None otherwise."""
+    location = storage.run_location(cfg, run_dir)
+    if cfg.runtime.storage is None or not storage.Storage(location).is_local \
+            or not os.path.isdir(location):
+        return None
+    return {root for root, _, _ in os.walk(location)}
+
+
+def _remove_new_run(cfg: Config, run_dir: str, created: list[str],
+                    kept: set[str] | None) -> None:
+    """A new run that recorded no round removed: its directory and those made for it
+    (:func:`rundir.unmake`), and its files under ``runtime.storage`` (held none when it
+    began; the directories ``kept`` stay). A failure to remove is a warning: the error that
+    stopped the run is the one raised."""
+    try:
+        rundir.unmake(run_dir, created)
+        location = storage.run_location(cfg, run_dir)
+        store = storage.Storage(location)
+        if cfg.runtime.storage is None or store.is_local and _nested(location, run_dir):
+            return  # in the run directory, or holding it: unmake's to remove
+        if kept is None:
+            store.clear()
+            return
+        for root, _, files in os.walk(location, topdown=False):
+            for name in files:
+                os.remove(os.path.join(root, name))
+            if root not in kept:
+                os.rmdir(root)
+    except Exception as e:  # noqa: BLE001 - never hides why the run stopped
+        print(f"rayfl: warning: the run stopped before its first round, and what it created "
+              f"could not all be removed ({type(e).__name__}: {e})", file=sys.stderr)
+
+
+def _nested(a: str, b: str) -> bool:
+    """Whether local paths ``a`` and ``b`` are one the other or one inside the other."""
+    a, b = os.path.abspath(a), os.path.abspath(b)
+    return os.path.commonpath([a, b]) in (a, b)
 
 
 def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = None,

@@ -17,7 +17,6 @@ import os
 import threading
 
 import numpy as np
-import pyarrow.parquet as pq
 import pytest
 
 from rayfl import registry

@@ -89,3 +89,33 @@ def test_a_fork_stopped_in_its_first_round_leaves_the_source_as_it_was(tiny, tmp
         fork(source, 1, [_entry(TwoValues)], run_dir=str(tmp_path / "fork"), quiet=True)
     assert not os.path.exists(tmp_path / "fork")
     assert sorted(os.listdir(source)) == before
+
+
+def test_local_storage_that_existed_keeps_its_folders_and_one_holding_the_run_dir_is_its_own(
+        tiny, tmp_path):
+    """A location given with empty folders keeps them; storage whose run location is the run
+    directory given empty leaves that directory, empty (it was removed with the storage)."""
+    store = tmp_path / "store"
+    (store / "given" / "mine").mkdir(parents=True)
+    scaffold = tiny + ["runtime.executor=inprocess", "algorithm.name=scaffold",
+                       f"runtime.storage={store}", _entry(TwoValues)]
+    _fails(scaffold, run_dir=str(tmp_path / "given"))  # its storage: store/given, kept
+    assert sorted(p.name for p in (store / "given").rglob("*")) == ["mine"]
+    run_dir = store / "given" / "mine"  # given, empty
+    inner = tiny + ["runtime.executor=inprocess", "algorithm.name=scaffold",
+                    f"runtime.storage={store / 'given'}", _entry(TwoValues)]
+    _fails(inner, run_dir=str(run_dir))  # storage/given/mine: the run directory itself
+    assert run_dir.is_dir() and os.listdir(run_dir) == []
+
+
+def test_a_cleanup_that_fails_does_not_hide_why_the_run_stopped(tiny, tmp_path, monkeypatch,
+                                                                capsys):
+    from rayfl import rundir
+
+    def refuses(run_dir, created):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(rundir, "unmake", refuses)
+    assert "TwoValues.aggregate (round 1)" in _fails(
+        tiny + ["runtime.executor=inprocess", _entry(TwoValues)])
+    assert "could not all be removed (PermissionError: read-only)" in capsys.readouterr().err

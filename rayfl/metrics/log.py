@@ -8,7 +8,7 @@ and :meth:`MetricsLog.append` is where one becomes the other (round = t + 1).
 from __future__ import annotations
 
 import os
-import warnings
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -67,8 +67,8 @@ class MetricsLog:
             try:
                 logger.interrupt(status)
             except Exception as e:  # noqa: BLE001 - the run's own error is the one to raise
-                warnings.warn(f"{type(logger).__name__} could not mark the run {status}: "
-                              f"{type(e).__name__}: {e}", stacklevel=2)
+                print(f"rayfl: warning: {type(logger).__name__} could not mark the run {status} "
+                      f"({type(e).__name__}: {e})", file=sys.stderr)
 
     def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
                buffers: np.ndarray | None = None,

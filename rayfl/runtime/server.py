@@ -179,7 +179,7 @@ class Server:
             try:
                 row = self.round(t)
             except NobodyOnline as e:  # an event-driven server that waited in vain
-                return self.log.finish(self._final_model(), buffers=self._final_buffers(),
+                return self.log.finish(self._final_model(t - 1), buffers=self._final_buffers(),
                                        stopped=(t, str(e)), extra=self._privacy_report(t))
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
@@ -208,13 +208,13 @@ class Server:
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged or starved:
-                return self.log.finish(self._final_model(), diverged_at=t if diverged else None,
+                return self.log.finish(self._final_model(t), diverged_at=t if diverged else None,
                                        buffers=self._final_buffers(),
                                        stopped=None if diverged else (t, starved),
                                        extra=self._privacy_report(t + 1))
             if pause and not last:
                 return {"paused_after_round": t}
-        return self.log.finish(self._final_model(), buffers=self._final_buffers(),
+        return self.log.finish(self._final_model(end - 1), buffers=self._final_buffers(),
                                extra=self._privacy_report(end))
 
     def _privacy_report(self, rounds: int) -> dict:
@@ -224,7 +224,8 @@ class Server:
         out = {} if self.participation is None else \
             privacy.report(self.participation, self.account.accountant, rounds, self.run_dir)
         if self.canaries is not None:
-            moved = self.stack.deployed(self.state).detach().cpu().double() - self.x0
+            moved = self.stack.deployed(self.state, rounds - 1 if rounds else None).detach() \
+                .cpu().double() - self.x0
             out.update(audit.write(self.run_dir, self.canaries, moved.numpy(), rounds,
                                    self.account.delta,
                                    self.account.accountant.epsilon(rounds)))
@@ -333,8 +334,10 @@ class Server:
             v = self.loop.versions
             self.loop.messages.prune({int(r) for r in v[v >= 0]} | {r for _, r in self.pinned})
 
-    def _final_model(self) -> np.ndarray:
-        return self.stack.deployed(self.state).detach().cpu().numpy().astype(np.float32)
+    def _final_model(self, t: int) -> np.ndarray:
+        """The model deployed after loop index ``t`` (−1: before the first round)."""
+        return self.stack.deployed(self.state, t if t >= 0 else None).detach().cpu().numpy() \
+            .astype(np.float32)
 
     def _final_buffers(self) -> np.ndarray | None:
         """The global model's buffers (None: the model has none)."""

@@ -103,7 +103,8 @@ class PrivacyConfig:
                          "max_participations) the server enforces, under any availability")
     noise_multiplier: float = field(1.0, doc="z: the noise on the sum of clipped updates has "
                                              "standard deviation z·clip_norm (dp_ftrl: per tree "
-                                             "node; banded_mf: per row of C·G)", lo=0.0,
+                                             "node; banded_mf: per row of C·G; at most 1e6: "
+                                             "the float32 noise overflows beyond)", lo=0.0,
                                    hi=1e6)
     clip_norm: float = field(1.0, doc="S: every client's update Δ_i is scaled to ‖Δ_i‖ ≤ S "
                                       "(at most 1e18: the float32 sums of clipped updates and "
