@@ -210,3 +210,30 @@ def test_component_presets_search_their_keys_and_switch_the_component_on(tmp_pat
         assert active(cfg)
         for key, value in values.items():
             assert config_mod.get_key(config_mod.to_dict(cfg), key) == pytest.approx(value)
+
+
+def test_a_trial_whose_run_left_nothing_behind_keeps_no_run_dir(tmp_path):
+    """A run stopped by bad input before its first round removes its directory: the trial
+    does not point at it."""
+    from tune import driver
+
+    class StoppedInRoundOne:
+        def done(self):
+            return True
+
+        def new_evals(self):
+            return []
+
+        def summary(self):
+            raise RuntimeError("a transform broke its contract")
+
+        def release(self):
+            pass
+
+    setup = _build(_study(tmp_path))
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("run_dir", str(tmp_path / "study" / "trials" / "t0000"))
+    info = driver._advance(setup, study, driver._Live(trial, StoppedInRoundOne(), {}))
+    assert info["state"] == "FAIL" and "broke its contract" in info["reason"]
+    assert study.trials[0].user_attrs["run_dir"] is None

@@ -175,6 +175,8 @@ def _advance(setup: StudySetup, study: optuna.Study, lv: _Live) -> dict | None:
         summary = lv.run.summary()
     except Exception as e:  # the run raised: the trial failed, the study goes on
         cause = getattr(e, "cause", None) or e
+        if not os.path.isdir(trial.user_attrs["run_dir"]):  # stopped before its first round
+            trial.set_user_attr("run_dir", None)  # by bad input: it left nothing behind
         return _finish(study, trial, TrialState.FAIL,
                        reason=f"run failed: {type(cause).__name__}: {str(cause)[-500:]}")
     finally:
