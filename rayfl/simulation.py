@@ -307,12 +307,12 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
     :data:`~rayfl.failures.CLEAR` error: a user's component breaking its contract, say in the
     server's half, which the pre-flight cannot run) leaves nothing behind: its directory, the
     directories made for it and its files in ``runtime.storage`` are removed."""
-    created, recorded, kept = [], None, None  # recorded: metrics.parquet's rows once written
+    created, recorded, existed = [], None, set()  # recorded: metrics.parquet's rows once written
     if new:  # Ray first: a cluster that cannot be joined leaves no directory behind
         _ensure_ray(cfg)
         rundir.check_new(run_dir)  # still free after the checks (a download can take minutes)
         storage.check_new_run(cfg, run_dir)
-        kept = _storage_kept(cfg, run_dir)
+        existed = _storage_before(cfg, run_dir)
         created = rundir.make(run_dir)
     lock = rundir.Lock(run_dir)  # refused while another process writes the run
     try:
@@ -330,42 +330,32 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
                         max_rounds, on_round)
     except failures.CLEAR:
         if new and recorded in (None, rundir.rows_recorded(run_dir)):
-            _remove_new_run(cfg, run_dir, created, kept)  # the lock still held
+            _remove_new_run(cfg, run_dir, created, existed)  # the lock still held
         raise
     finally:
         lock.release()
 
 
-def _storage_kept(cfg: Config, run_dir: str) -> set[str] | None:
-    """The directories already under a new run's ``runtime.storage`` location when it is a
-    local one that exists (kept if the run is removed; it holds no files); None otherwise."""
-    location = storage.run_location(cfg, run_dir)
-    if cfg.runtime.storage is None or not storage.Storage(location).is_local \
-            or not os.path.isdir(location):
-        return None
-    return {root for root, _, _ in os.walk(location)}
+def _storage_before(cfg: Config, run_dir: str) -> set[str]:
+    """The directories a new run's ``runtime.storage`` location has before it runs (kept if
+    the run is removed)."""
+    if cfg.runtime.storage is None:
+        return set()
+    return storage.Storage(storage.run_location(cfg, run_dir)).directories()
 
 
-def _remove_new_run(cfg: Config, run_dir: str, created: list[str],
-                    kept: set[str] | None) -> None:
+def _remove_new_run(cfg: Config, run_dir: str, created: list[str], existed: set[str]) -> None:
     """A new run that recorded no round removed: its directory and those made for it
-    (:func:`rundir.unmake`), and its files under ``runtime.storage`` (held none when it
-    began; the directories ``kept`` stay). A failure to remove is a warning: the error that
-    stopped the run is the one raised."""
+    (:func:`rundir.unmake`), and its files and folders under ``runtime.storage`` (held no
+    files when it began; the folders that ``existed`` stay). A failure to remove is a warning:
+    the error that stopped the run is the one raised."""
     try:
         rundir.unmake(run_dir, created)
         location = storage.run_location(cfg, run_dir)
         store = storage.Storage(location)
         if cfg.runtime.storage is None or store.is_local and _nested(location, run_dir):
             return  # in the run directory, or holding it: unmake's to remove
-        if kept is None:
-            store.clear()
-            return
-        for root, _, files in os.walk(location, topdown=False):
-            for name in files:
-                os.remove(os.path.join(root, name))
-            if root not in kept:
-                os.rmdir(root)
+        store.remove_new(existed)
     except Exception as e:  # noqa: BLE001 - never hides why the run stopped
         print(f"rayfl: warning: the run stopped before its first round, and what it created "
               f"could not all be removed ({type(e).__name__}: {e})", file=sys.stderr)

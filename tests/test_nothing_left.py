@@ -73,8 +73,10 @@ def test_the_client_state_it_wrote_to_storage_goes_too(s3_server, tiny, tmp_path
                        f"runtime.storage={uri_for('left')}"]
     _fails(scaffold + [_entry(BreaksInRoundTwo)], run_dir=str(tmp_path / "later"))
     assert any(k.startswith("left/later/state/") for k in s3_keys(client, "left/later/"))
-    _fails(scaffold + [_entry(TwoValues)], run_dir=str(tmp_path / "first"))
-    assert s3_keys(client, "left/first") == []
+    before = s3_keys(client, "")
+    fresh = [f"runtime.storage={uri_for('fresh/deeper')}"]  # a prefix that holds nothing yet
+    _fails(scaffold + fresh + [_entry(TwoValues)], run_dir=str(tmp_path / "first"))
+    assert s3_keys(client, "") == before  # no empty "fresh/deeper/" marker either
     assert not os.path.exists(tmp_path / "first")
 
 

@@ -235,6 +235,63 @@ class Storage:
         except FileNotFoundError:
             pass
 
+    def directories(self) -> set[str]:
+        """The directories that exist now: the location and its parents (below an object
+        store's bucket), and locally every one under the location. :meth:`remove_new` keeps
+        them."""
+        found = {path for path in self._lineage() if self._is_dir(path)}
+        if self.is_local and os.path.isdir(self.location):
+            found |= {os.path.abspath(root) for root, _, _ in os.walk(self.location)}
+        return found
+
+    def remove_new(self, existed: set[str]) -> None:
+        """Remove every file under the location (it held none before), then each directory at,
+        under or above it that is not in ``existed`` (:meth:`directories` before) and holds no
+        file: an object store, which keeps a marker where a directory's last file went, is left
+        as it was."""
+        if self.is_local:
+            for root, _, files in os.walk(self.location, topdown=False):
+                for name in files:
+                    os.remove(os.path.join(root, name))
+                if os.path.abspath(root) not in existed:
+                    os.rmdir(root)
+        else:
+            fs, key = self._remote(), self._key("").rstrip("/")
+            if key in existed:
+                fs.delete_dir_contents(key, missing_dir_ok=True)
+            else:
+                self.clear()
+        for path in self._lineage()[1:]:  # the parents, innermost first
+            if path in existed or not self._is_dir(path) or self._holds_files(path):
+                return
+            if self.is_local:
+                os.rmdir(path)
+            else:
+                self._remote().delete_dir(path)
+
+    def _lineage(self) -> list[str]:
+        """The location, then its parents (locally up to the root; an object store's up to,
+        not including, the bucket)."""
+        path = os.path.abspath(self.location) if self.is_local else self._key("").rstrip("/")
+        out = [path]
+        while os.path.dirname(path) not in ("", path) and (self.is_local or "/" in
+                                                            os.path.dirname(path)):
+            path = os.path.dirname(path)
+            out.append(path)
+        return out
+
+    def _is_dir(self, path: str) -> bool:
+        if self.is_local:
+            return os.path.isdir(path)
+        return self._remote().get_file_info(path).type == pafs.FileType.Directory
+
+    def _holds_files(self, path: str) -> bool:
+        if self.is_local:
+            return any(files for _, _, files in os.walk(path))
+        infos = self._remote().get_file_info(pafs.FileSelector(path, recursive=True,
+                                                               allow_not_found=True))
+        return any(i.type == pafs.FileType.File for i in infos)
+
     def clear(self) -> None:
         """Remove everything under the location (a missing location is fine)."""
         if self.is_local:
