@@ -135,7 +135,7 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_tune(args) -> int:
-    from tune.cli import run
+    from tune.cli import run  # Optuna is loaded by `rayfl tune` alone (tune builds on rayfl)
 
     return run(args.study, args.overrides, args.quiet)
 

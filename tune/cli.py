@@ -11,6 +11,7 @@ import optuna
 from rayfl.metrics.progress import Eta, hms
 from rayfl.schema import ConfigError
 from rayfl.usage import OneLineParser
+from tune.docs import HEADER, reference
 from tune.driver import run_study
 from tune.spec import load
 
@@ -118,8 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write", metavar="PATH", help="with --keys: write the reference to PATH")
     args = p.parse_args(argv)
     if args.keys:
-        from tune.docs import HEADER, reference
-
         if args.write:
             with open(args.write, "w") as f:
                 f.write(HEADER + reference())
