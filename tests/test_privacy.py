@@ -231,3 +231,13 @@ def test_resume_with_adaptive_clipping_and_error_feedback_gives_the_same_bytes_a
     files = glob.glob(os.path.join(run_dir, "state", "*", "*.npz"))
     assert files and all({k for k in np.load(f).files if not k.startswith(STAMP)}
                          == {"layers.0.residual"} for f in files)  # besides the run's stamp
+
+
+def test_a_dp_run_that_diverged_did_not_stop_at_its_target_epsilon(tiny):
+    """Any run shorter than `rounds` said it had stopped at the ε target."""
+    run = rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "rounds=5",
+                                  "privacy.noise_multiplier=1.0", "privacy.clip_norm=0.5",
+                                  "aggregation.weighting=uniform", "loss_ceiling=0.001"],
+                    quiet=True)
+    assert run.summary["diverged_at_round"] == 1
+    assert run.summary["stopped_at_target_epsilon"] is False

@@ -130,13 +130,13 @@ RUNS = [[f"algorithm={name}"] for name in (
 
 
 def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny):
-    """Every built-in algorithm and the optional features: each column written is in
-    METRICS.md, and ``on_round`` receives exactly the rows of metrics.parquet (plus rounds,
+    """Every built-in algorithm and the optional features: each column written, and each key
+    of summary.json, is in METRICS.md, and ``on_round`` receives exactly the rows of metrics.parquet (plus rounds,
     and with privacy the ε's label)."""
     import rayfl
-    from rayfl.metrics.columns import documented
+    from rayfl.metrics.columns import documented, summary_documented
 
-    seen = set()
+    seen, keys = set(), set()
     for i, extra in enumerate(RUNS):
         rows: list[dict] = []
         result = rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "rounds=3",
@@ -149,8 +149,13 @@ def test_every_column_a_run_writes_is_documented_and_on_round_sees_the_row(tiny)
         assert all(("dp_label" in r) == ("dp_epsilon" in r) for r in rows), extra
         assert all(r["rounds"] == 3 for r in rows) and rows[0]["round"] == 1
         seen |= set(result.metrics.column_names)
+        keys |= set(result.summary)
     missing = sorted(c for c in seen if not documented(c))
     assert not missing, f"columns written but not in rayfl/metrics/columns.py: {missing}"
+    missing = sorted(k for k in keys if not summary_documented(k))
+    assert not missing, f"summary.json keys not in rayfl/metrics/columns.py: {missing}"
+    for k in ("mean_last_10_evals_accuracy", "diverged_reason", "stopped_at_target_epsilon"):
+        assert k in keys, k
     for c in ("dp_epsilon", "val_accuracy", "stragglers", "diverged_reason", "c_norm",
               "ima_inner_test_accuracy", "personal_accuracy_worst10", "next_test_accuracy",
               "dp_clip_norm", "upload_bytes", "staleness_hist"):

@@ -1,4 +1,5 @@
-"""Every column of ``metrics.parquet`` (and of the row ``on_round`` receives): meaning and unit.
+"""Every column of ``metrics.parquet`` (and of the row ``on_round`` receives): meaning and unit;
+every key of ``summary.json``.
 
 The reference ``METRICS.md`` is generated from this table (``rayfl keys --metrics PATH``) and a
 test runs every built-in algorithm and checks that each column a run writes is listed here, so
@@ -163,6 +164,49 @@ LABEL_KEY = ("dp_label", "on_round only", "with `privacy`: the neighbouring rela
              "stated under, and the reports it excludes (privacy.public_reports)")
 
 
+#: every key of a finished run's ``summary.json``: meaning
+SUMMARY: dict[str, str] = {
+    "name": "the run's name (the config's `name`)",
+    "algorithm": "the algorithm and its wrappers as tables and plots list them (fedavg+ima)",
+    "rounds": "rounds recorded in metrics.parquet",
+    "final_accuracy": "test accuracy at the last evaluation (null: none)",
+    "mean_last_<k>_evals_accuracy": "mean test accuracy over the last eval.last_k evaluations",
+    "evaluations": "evaluations made",
+    "empty_rounds": "rounds in which no client completed",
+    "final_test_loss": "test loss at the last evaluation",
+    "target_accuracy": "eval.target_accuracy",
+    "rounds_to_target": "the first round (from 1) whose test accuracy reached the target "
+                        "(null: none did)",
+    "wall_time_s": "wall-clock seconds of the whole run, over every resume",
+    "mean_round_s": "mean wall-clock seconds a round",
+    "virtual_time_s": "simulated device-clock seconds at the end",
+    "virtual_hours_to_target": "simulated hours until rounds_to_target (null: never reached)",
+    "model_sha256": "SHA-256 of final_model.npy's float32 bytes, then final_buffers.npy's",
+    "diverged": "whether the run stopped as diverged (NaN/inf or a loss above loss_ceiling)",
+    "diverged_at_round": "diverged runs: the round that stopped it",
+    "diverged_reason": "diverged runs: which value, and the ceiling it passed",
+    "stopped_at_round": "runs stopped early (nobody online, availability.max_empty_rounds): "
+                        "the round",
+    "stopped": "runs stopped early: why",
+    "epsilon": "with privacy: ε spent over the rounds run (dp_epsilon of the last row)",
+    "delta": "with privacy: privacy.delta",
+    "stopped_at_target_epsilon": "with privacy: whether the run ended at the round "
+                                 "privacy.target_epsilon allowed, before `rounds`",
+    "privacy": "with privacy: the guarantee in words (mechanism, neighbouring relation, "
+               "accountant, what the reports exclude)",
+    "participation": "dp_ftrl and banded_mf: the participation bound and each client's "
+                     "participations and ε (participation.parquet holds them per client)",
+    "privacy_audit": "privacy.audit_canaries: the canaries and the empirical ε "
+                     "(privacy_audit.json holds the details)",
+    "provenance": "versions, command lines, config hash and git commit (provenance.json)",
+}
+
+
+def summary_documented(key: str) -> bool:
+    """Whether a ``summary.json`` key is listed."""
+    return any(key == name or "<" in name and _pattern(name).match(key) for name in SUMMARY)
+
+
 def _pattern(name: str) -> re.Pattern:
     return re.compile("^" + re.escape(name).replace(re.escape("<model>"), r"[A-Za-z0-9_]+")
                       .replace(re.escape("<k>"), r"\d+") + "$")
@@ -200,4 +244,9 @@ def markdown() -> str:
                 "|---|---|---|"]
         out += [f"| `{name}` | {unit} | {meaning} |" for name, (unit, meaning) in rows.items()]
         out.append("")
+    out += ["# summary.json", "", ("What a finished run (ended, diverged or stopped early; a "
+            "paused one has none yet) says of itself; `rayfl.run` returns it as "
+            "`RunResult.summary`."), "", "| key | meaning |", "|---|---|"]
+    out += [f"| `{name}` | {meaning} |" for name, meaning in SUMMARY.items()]
+    out.append("")
     return "\n".join(out)

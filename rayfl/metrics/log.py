@@ -70,12 +70,13 @@ class MetricsLog:
                 print(f"rayfl: warning: {type(logger).__name__} could not mark the run {status} "
                       f"({type(e).__name__}: {e})", file=sys.stderr)
 
-    def finish(self, final_model: np.ndarray, diverged_at: int | None = None,
-               buffers: np.ndarray | None = None,
+    def finish(self, final_model: np.ndarray, final_round: int,
+               diverged_at: int | None = None, buffers: np.ndarray | None = None,
                stopped: tuple[int, str] | None = None, extra: dict | None = None) -> dict:
         """Write the final model (``final_model.npy``, and its buffers ``final_buffers.npy``
         when it has any), the summary (with ``extra``'s entries) and the accuracy plot; return
-        the summary.
+        the summary. ``final_round``: the rounds the run was to make (fewer than ``rounds``
+        when ``privacy.target_epsilon`` binds).
 
         A diverged run's summary says so (``diverged``, ``diverged_at_round``, and the reason
         the last row gives); so does one ``stopped`` (loop index, reason) early because no
@@ -85,7 +86,7 @@ class MetricsLog:
         if buffers is not None:
             np.save(os.path.join(self.run_dir, "final_buffers.npy"), buffers)
             final_model = np.concatenate([final_model, buffers])  # the hash covers both
-        summary = summarize(self.rows, self.cfg, final_model)
+        summary = summarize(self.rows, self.cfg, final_model, final_round)
         summary["diverged"] = diverged_at is not None
         if diverged_at is not None:
             summary["diverged_at_round"] = diverged_at + 1
@@ -108,10 +109,12 @@ class MetricsLog:
         return summary
 
 
-def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
+def summarize(rows: list[dict], cfg, final_model: np.ndarray, final_round: int) -> dict:
     """Final accuracy, the mean over the last ``eval.last_k`` *evaluations*
     (``mean_last_K_evals_accuracy``), the first round (1-based) reaching the target, wall time
-    and the model hash (of ``final_model``: the parameters, then the buffers if any)."""
+    and the model hash (of ``final_model``: the parameters, then the buffers if any); with
+    privacy, ε and whether the run ended at the ``final_round`` that ``privacy.target_epsilon``
+    set before ``rounds`` (not when it diverged or starved before)."""
     evals = [(r["round"], r["test_accuracy"]) for r in rows
              if r.get("test_accuracy") is not None]
     accs = [a for _, a in evals]
@@ -119,7 +122,7 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray) -> dict:
     reached = next((t for t, a in evals if target is not None and a >= target), None)
     dp = {} if cfg.privacy is None else {
         "epsilon": rows[-1].get("dp_epsilon", 0.0) if rows else 0.0, "delta": cfg.privacy.delta,
-        "stopped_at_target_epsilon": len(rows) < cfg.rounds,
+        "stopped_at_target_epsilon": final_round < cfg.rounds and len(rows) >= final_round,
         "privacy": statement(cfg.privacy, bool(cfg.eval.clients))}
     return {
         **dp,

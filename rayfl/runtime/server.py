@@ -179,8 +179,9 @@ class Server:
             try:
                 row = self.round(t)
             except NobodyOnline as e:  # an event-driven server that waited in vain
-                return self.log.finish(self._final_model(t - 1), buffers=self._final_buffers(),
-                                       stopped=(t, str(e)), extra=self._privacy_report(t))
+                return self.log.finish(self._final_model(t - 1), final,
+                                       buffers=self._final_buffers(), stopped=(t, str(e)),
+                                       extra=self._privacy_report(t))
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
             if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
@@ -208,14 +209,15 @@ class Server:
             if on_progress is not None and on_progress(self.progress_rows[-1]):
                 self.stop_requested = True
             if diverged or starved:
-                return self.log.finish(self._final_model(t), diverged_at=t if diverged else None,
+                return self.log.finish(self._final_model(t), final,
+                                       diverged_at=t if diverged else None,
                                        buffers=self._final_buffers(),
                                        stopped=None if diverged else (t, starved),
                                        extra=self._privacy_report(t + 1))
             if pause and not last:
                 return {"paused_after_round": t}
-        return self.log.finish(self._final_model(end - 1), buffers=self._final_buffers(),
-                               extra=self._privacy_report(end))
+        return self.log.finish(self._final_model(end - 1), final,
+                               buffers=self._final_buffers(), extra=self._privacy_report(end))
 
     def _privacy_report(self, rounds: int) -> dict:
         """``participation.parquet`` (mechanisms that bound participation) and
