@@ -284,37 +284,61 @@ def returned_vector(value: Any, like: Any, component: str, what: str,
     return value if value.dtype == like.dtype else value.to(like.dtype)
 
 
+class Trail:
+    """A value, then what each maker made of it in turn, each read as it is added (``parts``:
+    its tensors and numbers) — so a maker that later writes into a value in place changes
+    nothing here. :meth:`check` names the maker of NaN or ±inf."""
+
+    def __init__(self, what: str, first: Any, parts: Callable[[Any], list] = lambda v: [v]):
+        self.what, self.parts = what, parts
+        self.makers: list[str] = []
+        self.marks = [self._mark(first)]  # (finite, tame) of each value
+
+    def add(self, maker: str, value: Any) -> None:
+        """What ``maker`` made of the value before."""
+        self.makers.append(maker)
+        self.marks.append(self._mark(value))
+
+    def check(self, round: int | None = None, client: int | None = None) -> None:
+        """When the last value holds NaN or ±inf, the first value that does is looked at: a
+        ComponentError names its maker if that made it of a tame value — finite, with a
+        squared norm its dtype can hold, so that no computation of a correct component
+        overflows on it (the run would otherwise stop as diverged, naming no one). From a value
+        that is not tame (training that diverges: an upload of norm 1e20) a non-finite result
+        is divergence: nobody is named."""
+        if self.marks[-1][0]:
+            return
+        i = next(i for i, (finite, _) in enumerate(self.marks) if not finite)
+        if i and self.marks[i - 1][1]:
+            raise ComponentError(self.makers[i - 1], f"returned {self.what} holding NaN or ±inf, "
+                                                     "made from a finite one", round, client)
+
+    def _mark(self, value: Any) -> tuple[bool, bool]:
+        marks = [_mark(v) for v in self.parts(value)]
+        return all(f for f, _ in marks), all(t for _, t in marks)
+
+
 def no_new_non_finite(trail: list, makers: list[str], what: str, round: int | None = None,
                       client: int | None = None, parts: Callable[[Any], list] = lambda v: [v]
                       ) -> None:
-    """``trail``: a value, then what each of ``makers`` made of it in turn (``parts``: its
-    tensors and numbers). When the last holds NaN or ±inf, the trail's first value that does is
-    looked at: a ComponentError names its maker if that made it of a tame value — finite, with
-    a squared norm its dtype can hold, so that no computation of a correct component overflows
-    on it (the run would otherwise stop as diverged, naming no one). From a value that is not
-    tame (training that diverges: an upload of norm 1e20) a non-finite result is divergence:
-    nobody is named. The values are read when this is called: a maker that wrote NaN into the
-    value it was given, in place, is not told apart from its input."""
-    if all(map(_finite, parts(trail[-1]))):
-        return
-    i = next(i for i, v in enumerate(trail) if not all(map(_finite, parts(v))))
-    if i and all(map(_tame, parts(trail[i - 1]))):
-        raise ComponentError(makers[i - 1], f"returned {what} holding NaN or ±inf, made from a "
-                                            "finite one", round, client)
+    """:meth:`Trail.check` of ``trail`` (a value, then what each of ``makers`` made of it in
+    turn), every value read now."""
+    line = Trail(what, trail[0], parts)
+    for maker, value in zip(makers, trail[1:]):
+        line.add(maker, value)
+    line.check(round, client)
 
 
-def _finite(v: Any) -> bool:
-    return bool(torch.isfinite(v).all()) if isinstance(v, torch.Tensor) else math.isfinite(v)
-
-
-def _tame(v: Any) -> bool:
-    """Finite, and its squared norm representable in its dtype."""
+def _mark(v: Any) -> tuple[bool, bool]:
+    """(finite, tame: finite with a squared norm representable in its dtype) of a tensor or a
+    number; one reduction over a tensor."""
     if not isinstance(v, torch.Tensor):
-        return math.isfinite(v)
+        return (math.isfinite(v),) * 2
     if not v.numel() or not v.is_floating_point():
-        return True
-    biggest = float(v.detach().abs().max())
-    return math.isfinite(biggest) and biggest * biggest * v.numel() < torch.finfo(v.dtype).max
+        return True, True
+    biggest = float(torch.linalg.vector_norm(v.detach(), ord=math.inf))  # NaN if any is
+    finite = math.isfinite(biggest)
+    return finite, finite and biggest * biggest * v.numel() < torch.finfo(v.dtype).max
 
 
 def returned_metrics(value: Any, component: str, round: int | None = None) -> dict:

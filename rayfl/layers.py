@@ -35,8 +35,8 @@ import torch
 
 from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_as
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (Lent, calling, describe, expect, name_of, no_new_non_finite, returned,
-                            returned_metrics, returned_vector)
+from rayfl.contract import (Lent, Trail, calling, describe, expect, name_of, no_new_non_finite,
+                            returned, returned_metrics, returned_vector)
 from rayfl.metrics.columns import written_by_runtime
 from rayfl.runtime.checkpoint_file import unencodable_tree
 from rayfl.schema import NoParams
@@ -528,7 +528,7 @@ class Stack:
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics, owners = self._slots(state), {}, {}
-        aggregates, makers = [agg], []
+        aggregates = Trail("an aggregate", agg, _numbers)
         for i in reversed(range(len(self.layers))):
             name = self.name(i, "aggregate")
             with calling(name, round=t):
@@ -546,9 +546,8 @@ class Stack:
                    or float(agg.weight_sum) > 0, name,
                    f"returned an aggregate of {agg.count} updates whose weight_sum is "
                    f"{float(agg.weight_sum):g}; expected > 0 (the weights of its updates)", t)
-            aggregates.append(agg)
-            makers.append(name)
-        no_new_non_finite(aggregates, makers, "an aggregate", t, parts=_numbers)
+            aggregates.add(name, agg)
+        aggregates.check(t)
         if agg.restart_server_opt:  # a layer's request; the slot is the stack's to write
             name = name_of(self.optimizer.reset or self.optimizer.init)
             with calling(name, round=t):
@@ -563,7 +562,7 @@ class Stack:
         x = returned_vector(x, state.x, name, "its x", t)
         _add_metrics(metrics, owners, {**returned_metrics(m, name, t), **srv.metrics}, name,
                      t)  # its metrics and its server optimiser's
-        models, makers = [x], []
+        models = Trail("an x", x)
         for i, layer in enumerate(self.layers):
             srv.deployed = self._deployed(x, own, slots[:i], t)
             name = self.name(i, "after")
@@ -573,9 +572,8 @@ class Stack:
             x = returned_vector(x, state.x, name, "its x", t)
             slots[i] = kept_slot(slots[i], slot, name, t)
             _add_metrics(metrics, owners, returned_metrics(m, name, t), name, t)
-            models.append(x)
-            makers.append(name)
-        no_new_non_finite(models, makers, "an x", t)
+            models.add(name, x)
+        models.check(t)
         wrappers, transforms = self._split(slots)
         buffers = agg.buffers_mean if agg.buffers_mean is not None else state.buffers
         return ServerState(x, own, srv.opt_state, wrappers, transforms, buffers), agg, metrics
@@ -604,7 +602,7 @@ class Stack:
     def _deployments(self, x: Vec, own: Any, slots: list, t: int | None) -> list[Vec]:
         """The model the algorithm deploys from ``x``, then what each of the first
         ``len(slots)`` layers deploys of the one before, each checked."""
-        models, makers = [x], []
+        models, trail = [x], Trail("a deployed model", x)
         for name, call in \
                 [(name_of(self.algorithm, "deployed"), lambda x: self.algorithm.deployed(x, own))] \
                 + [(self.name(i, "deployed"), lambda x, layer=layer, slot=slot:
@@ -613,8 +611,8 @@ class Stack:
             with calling(name, round=t):
                 models.append(returned_vector(call(models[-1]), x, name, "the deployed model",
                                               t))
-            makers.append(name)
-        no_new_non_finite(models, makers, "a deployed model", t)
+            trail.add(name, models[-1])
+        trail.check(t)
         return models[1:]
 
     def extra_models(self, state: ServerState, t: int | None = None) -> dict[str, Vec]:

@@ -204,6 +204,17 @@ class NaNUpload(Transform):
         return delta * float("nan")
 
 
+class NaNUploadInPlace(Transform):
+    def client_apply(self, delta, t, client, ctx):
+        return delta.mul_(float("nan"))  # its input turned NaN too
+
+
+class NaNMeanInPlace(Transform):
+    def aggregate(self, slot, agg, sums, srv):
+        agg.delta_mean.mul_(float("nan"))
+        return agg, slot, {}
+
+
 class InfMean(Transform):
     def aggregate(self, slot, agg, sums, srv):
         return dataclasses.replace(agg, delta_mean=agg.delta_mean / 0.0), slot, {}
@@ -228,9 +239,14 @@ class StringClientState(Transform):
     ("StringClientState", "client_apply", "ctx.state whose 'f' is a str"),
     ("NaNUpload, clip", "client_apply", "an upload holding NaN or ±inf, made from a finite one"),
     ("InfMean", "aggregate", "an aggregate holding NaN or ±inf, made from a finite one"),
+    ("NaNUploadInPlace", "client_apply", "an upload holding NaN or ±inf, made from a finite "
+                                         "one"),
+    ("NaNMeanInPlace, clip", "aggregate", "an aggregate holding NaN or ±inf, made from a "
+                                          "finite one"),
     ("NaNModel", "after", "an x holding NaN or ±inf, made from a finite one"),
 ], ids=["unencodable-slot", "slot-changes-structure", "short-mean", "runtime-column",
-        "client-state-str", "nan-upload", "inf-mean", "nan-model"])
+        "client-state-str", "nan-upload", "inf-mean", "nan-upload-in-place",
+        "nan-mean-in-place", "nan-model"])
 def test_a_transform_breaking_its_contract_is_named_with_what_it_broke(tiny, entries, method,
                                                                        says):
     """Each was silently accepted (a resume then refused the checkpoint, a column overwritten)

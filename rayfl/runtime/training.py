@@ -20,7 +20,7 @@ import torch
 
 from rayfl import rng
 from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
-from rayfl.contract import (ComponentError, Lent, calling, describe, name_of, no_new_non_finite,
+from rayfl.contract import (ComponentError, Lent, Trail, calling, describe, name_of,
                             returned_vector)
 from rayfl.layers import Broadcast, ClientContext, ClientState, Stack, tensors
 from rayfl.runtime.aggregate import PartialSum
@@ -199,7 +199,8 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
                 on_model(client, result.model)
             delta = x - result.model if result.upload is None else result.upload
             loss = ctx.mean_loss()
-            kept, payloads, uploads = [], [], [delta]
+            kept, payloads = [], []
+            uploads = Trail("an upload", delta) if layers else None
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
                                    dict(saved.layers[i] or {}))
@@ -211,9 +212,9 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
                 lent.check(name, t, client)
                 kept.append(tensors(lc.state, name, "ctx.state", t) or None)
                 payloads.append(lc.payload)
-                uploads.append(delta)
+                uploads.add(name, delta)
             if layers:
-                no_new_non_finite(uploads, applies, "an upload", t, client)
+                uploads.check(t, client)
             buffers = data.model.get_buffers() if data.has_buffers else None
             new = ClientState(result.state, tuple(kept),
                               buffers if traits.local_buffers else None)
