@@ -353,7 +353,7 @@ def _remove_new_run(cfg: Config, run_dir: str, created: list[str], existed: set[
         rundir.unmake(run_dir, created)
         location = storage.run_location(cfg, run_dir)
         store = storage.Storage(location)
-        if cfg.runtime.storage is None or store.is_local and _nested(location, run_dir):
+        if cfg.runtime.storage is None or store.is_local and _nested(store.location, run_dir):
             return  # in the run directory, or holding it: unmake's to remove
         store.remove_new(existed)
     except Exception as e:  # noqa: BLE001 - never hides why the run stopped

@@ -214,7 +214,8 @@ def test_an_interrupted_write_leaves_the_old_content(location):
         assert e.value.filename == os.path.join(location, "a", "b.bin")  # says which file
 
 
-@pytest.mark.parametrize("value", ["foo://bucket/x", "s3://", "s3:///", "http://host/x"])
+@pytest.mark.parametrize("value", ["foo://bucket/x", "s3://", "s3:///", "http://host/x",
+                                   "file://relative/dir", "file:///tmp/x?opt=1"])
 def test_bad_storage_location_is_a_config_error(value):
     with pytest.raises(ConfigError) as err:
         config.load(TINY, [f"runtime.storage={value}"])
@@ -269,3 +270,27 @@ def test_an_unusable_storage_uri_is_refused_without_printing_its_keys(tiny, tmp_
                   run_dir=str(tmp_path / "r"), quiet=True)
     assert err.value.key == "runtime.storage" and "SECRET" not in str(err.value)
     assert not os.path.exists(tmp_path / "r")
+
+
+def test_a_file_uri_is_the_local_directory_it_names(tiny, tmp_path):
+    """file:///PATH was accepted and every checkpoint write failed (no parent directories)."""
+    import rayfl
+
+    common = tiny + ["runtime.executor=inprocess", "algorithm.name=scaffold", "rounds=3",
+                     f"runtime.storage=file://{tmp_path / 'st'}"]
+    rayfl.run(TINY, common, run_dir=str(tmp_path / "paused"), quiet=True, max_rounds=2)
+    assert os.path.isfile(checkpoint.path_of(str(tmp_path / "st" / "paused")))
+    resumed = rayfl.resume(str(tmp_path / "paused"), quiet=True)
+    plain = rayfl.run(TINY, common[:-1], run_dir=str(tmp_path / "plain"), quiet=True)
+    assert resumed.summary["model_sha256"] == plain.summary["model_sha256"]
+
+
+def test_storage_where_a_file_is_is_refused_before_anything_is_created(tiny, tmp_path):
+    import rayfl
+
+    (tmp_path / "a_file").write_text("mine")
+    with pytest.raises(ConfigError) as err:
+        rayfl.run(TINY, tiny + ["runtime.executor=inprocess",
+                                f"runtime.storage={tmp_path / 'a_file'}"], quiet=True)
+    assert err.value.key == "runtime.storage"
+    assert not (tmp_path / "runs").exists() and (tmp_path / "a_file").read_text() == "mine"

@@ -18,10 +18,11 @@ import os
 import re
 import shutil
 from typing import IO, Callable
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlparse
 
 from pyarrow import fs as pafs
 
+from rayfl.creatable import check_creatable
 from rayfl.schema import ConfigError
 
 # schemes pyarrow.fs.FileSystem.from_uri resolves (checked without touching the network)
@@ -49,8 +50,12 @@ def check_location(key: str, location: str) -> None:
         return
     if match.group(1).lower() not in SCHEMES:
         raise ConfigError(key, shown, known)
+    if match.group(1).lower() == "file":
+        if urlparse(location).netloc not in ("", "localhost") or "?" in location:
+            raise ConfigError(key, shown, "a file URI of an absolute path, file:///PATH")
+        return
     rest = location[match.end():].partition("?")[0].strip("/")
-    if match.group(1).lower() != "file" and not rest:
+    if not rest:
         raise ConfigError(key, shown, "a URI naming a bucket or directory "
                                       "(e.g. s3://bucket/prefix)")
 
@@ -81,6 +86,14 @@ class CheckpointError(ValueError):
         return type(self), (self.path, self.expected, self.what)
 
 
+def local_path(location: str) -> str | None:
+    """The local path a location names (a path, or a ``file:///PATH`` URI); None: remote."""
+    match = _SCHEME.match(location)
+    if match is None:
+        return location
+    return unquote(urlparse(location).path) if match.group(1).lower() == "file" else None
+
+
 def join(location: str, *parts: str) -> str:
     """``location`` with path components appended (a URI keeps its ``?query`` at the end;
     characters a URI cannot hold are percent-encoded, which pyarrow decodes)."""
@@ -108,6 +121,8 @@ def check_new_run(cfg, run_dir: str) -> None:
     if cfg.runtime.storage is None:
         return  # the run directory itself: new or empty, checked by the caller
     store = Storage(run_location(cfg, run_dir))
+    if store.is_local:  # a file there, /proc, read-only: refused
+        check_creatable(store.location, "runtime.storage")
     try:
         taken = bool(store.files())
     except (OSError, ValueError) as e:  # unreachable, refused, or a URI pyarrow cannot parse
@@ -124,10 +139,11 @@ class Storage:
     travels; each process opens its own file system on first use)."""
 
     def __init__(self, location: str):
-        self.location = location
-        self.is_local = _SCHEME.match(location) is None
+        path = local_path(location)
+        self.is_local = path is not None
+        self.location = path if self.is_local else location
         self._fs = None
-        self._root = location
+        self._root = self.location
 
     def __getstate__(self) -> dict:
         return {"location": self.location}
