@@ -32,7 +32,7 @@ FINGERPRINT = "fingerprint.json"
 # runtime.logical_shards is not among them: it fixes the order of the sums; nor are
 # runtime.storage and name, which say where the run's checkpoints and client state are.
 NEUTRAL = ("runtime.", "output_dir", "data.root", "data.fetch", "data.cache_dir",
-           "checkpoint.every", "checkpoint.keep", "availability.max_empty_rounds")
+           "checkpoint.every", "checkpoint.keep", "availability.max_empty_rounds", "loggers.")
 NEUTRAL_EXCEPT = ("runtime.logical_shards", "runtime.storage")
 
 
@@ -146,8 +146,12 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 def result_keys(plain: dict) -> dict:
     """The flattened config values that can change results (see ``NEUTRAL``)."""
-    return {k: v for k, v in sorted(_flatten(plain).items())
-            if k in NEUTRAL_EXCEPT or not any(k == n or k.startswith(n) for n in NEUTRAL)}
+    return {k: v for k, v in sorted(_flatten(plain).items()) if changes_results(k)}
+
+
+def changes_results(key: str) -> bool:
+    """Whether a dotted config key can change results (one an older rayfl recorded may not)."""
+    return key in NEUTRAL_EXCEPT or not any(key == n or key.startswith(n) for n in NEUTRAL)
 
 
 def write_fingerprint(run_dir: str, plain: dict) -> None:
@@ -173,6 +177,7 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError("run_dir", path, f"a readable fingerprint.json ({type(e).__name__})") \
             from None
+    old = {k: v for k, v in old.items() if changes_results(k)}  # an older rayfl kept more
     new = result_keys(plain)
     differ = differences(old, new)
     if differ:
@@ -181,8 +186,8 @@ def check_fingerprint(run_dir: str, plain: dict) -> None:
         raise ConfigError(", ".join(differ), os.path.join(run_dir, "config.yaml"),
                           f"the values the run started with ({shown}); on resume only "
                           "runtime.* (not logical_shards or storage), output_dir, data.root, "
-                          "data.fetch, data.cache_dir, checkpoint.every, checkpoint.keep and "
-                          "availability.max_empty_rounds may change")
+                          "data.fetch, data.cache_dir, checkpoint.every, checkpoint.keep, "
+                          "availability.max_empty_rounds and loggers.* may change")
 
 
 def differences(old: dict, new: dict) -> list[str]:
@@ -201,7 +206,9 @@ def started_with(run_dir: str) -> dict | None:
             values = json.load(f)["values"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return values if isinstance(values, dict) else None
+    if not isinstance(values, dict):
+        return None
+    return {k: v for k, v in values.items() if changes_results(k)}  # an older rayfl kept more
 
 
 def default_of(key: str):

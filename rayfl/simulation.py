@@ -29,6 +29,7 @@ from rayfl.data.regime import check_regime
 from rayfl.failures import RunStopped
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
+from rayfl.metrics.loggers import check_mlflow
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
@@ -274,10 +275,11 @@ class Parts(NamedTuple):
     x: tuple[int, Any]
 
 
-def preflight(cfg: Config) -> Parts:
+def preflight(cfg: Config, run_dir: str | None = None) -> Parts:
     """The partition store, checked against the model, the layers and the availability files,
-    and the user's components run once (:mod:`rayfl.preflight`), before anything is written;
-    the run's :class:`Parts`."""
+    the user's components run once (:mod:`rayfl.preflight`) and the tracking store (of the
+    run in ``run_dir``, when it is resumed) reached, before anything is written; the run's
+    :class:`Parts`."""
     # the user's sys.exit or KeyboardInterrupt: their error; the caller's generators and torch
     # threads as they were
     with own_exits(), user_preflight.untouched_globals():
@@ -292,6 +294,7 @@ def preflight(cfg: Config) -> Parts:
         stack = assemble.stack(cfg, handle.num_clients)  # the layers and server optimiser build
         executor = executor_of(cfg)
         user_preflight.run(cfg, handle, stack, executor)  # the user's components once
+    check_mlflow(cfg.loggers, run_dir)
     return Parts(handle, stack, executor, flat_spec(model))
 
 
@@ -408,7 +411,7 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
         print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
     provenance.load(run_dir)
-    parts = preflight(cfg)
+    parts = preflight(cfg, run_dir)
     done = 0
     if has_checkpoint:  # every piece of the checkpoint fits the run, before anything starts
         expect = run_state.expected(cfg.aggregation, cfg.privacy, parts.handle.num_clients,

@@ -95,8 +95,12 @@ class _Log:
     def flush(self):
         self.flushed = len(self.rows)
 
-    def finish(self, model, diverged_at=None, buffers=None, stopped=None, extra=None):
+    def finish(self, model, final_round, diverged_at=None, buffers=None, stopped=None,
+               extra=None):
         return {"diverged_at_round": diverged_at, "stopped": stopped}
+
+    def interrupt(self, status):
+        pass
 
 
 def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
@@ -118,7 +122,7 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.evaluate = lambda t=None: {"test_loss": 1.0, "test_accuracy": 0.5}
     s.client_eval = None  # eval.clients = 0
     s._checkpoint = lambda t, elapsed: s.log.at_checkpoint.append((t, s.log.flushed))
-    s._final_model = lambda: np.zeros(3, dtype=np.float32)
+    s._final_model = lambda t: np.zeros(3, dtype=np.float32)
     s._final_buffers = lambda: None  # a model without buffers
     return s
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 from rayfl.config import to_dict
+from rayfl.schema import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
 MLFLOW_RUN_ID = "mlflow_run_id"
@@ -124,6 +126,60 @@ class MLflowLogger:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
             self.run_id = None
+
+
+def check_mlflow(loggers, run_dir: str | None = None) -> None:
+    """Before a run starts: the tracking store ``loggers.mlflow_uri`` names answers, and the
+    MLflow run a resumed ``run_dir`` logs to (``mlflow_run_id``) is in its store — a
+    ConfigError on ``loggers.mlflow_uri`` otherwise (a run directory moved away from its
+    default store, ``mlruns`` beside it, among them). A local store a new run names is made
+    with its first row, as the default one is."""
+    if not loggers.mlflow:
+        return
+    id_path = os.path.join(run_dir, MLFLOW_RUN_ID) if run_dir else ""
+    run_id = None
+    if os.path.isfile(id_path):
+        with open(id_path) as f:
+            run_id = f.read().strip()
+    if loggers.mlflow_uri is None and run_id is None:
+        return  # a new run's default store, made with its first row
+    uri = loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
+    local = uri.removeprefix("file://") if re.match(_SCHEME, uri) is None \
+        or uri.startswith("file://") else None
+    wanted = "a reachable MLflow tracking store" if run_id is None else (
+        f"the store of MLflow run {run_id} (recorded in {id_path}; was the run directory "
+        "moved? set loggers.mlflow_uri to its store in config.yaml, or loggers.mlflow to false)")
+    if local is not None and (run_id is None or not os.path.isdir(local)):
+        if run_id is None:
+            return
+        raise ConfigError("loggers.mlflow_uri", loggers.mlflow_uri,
+                          f"{wanted}: {local} does not exist")
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    saved = {k: os.environ.get(k) for k in _QUICK}
+    os.environ.update(_QUICK)  # an unreachable server: one try, not minutes of retries
+    try:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        if run_id is None:
+            client.search_experiments(max_results=1)
+        else:
+            client.get_run(run_id)
+    except Exception as e:  # noqa: BLE001 - any failure of the store is the URI's
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ConfigError("loggers.mlflow_uri", loggers.mlflow_uri,
+                          f"{wanted} ({type(e).__name__}: {first})") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_SCHEME = r"^[A-Za-z][A-Za-z0-9+.-]*:"  # a URI's (sqlite:, http:, databricks), not a path's
+#: MLflow's HTTP client settings for the pre-flight's one request
+_QUICK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def open_loggers(run_dir: str, cfg) -> list:

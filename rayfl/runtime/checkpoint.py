@@ -34,7 +34,7 @@ import torch
 
 from rayfl import config as config_mod
 from rayfl.layers import mismatch
-from rayfl.rundir import default_of, differences, result_keys, started_with
+from rayfl.rundir import changes_results, default_of, differences, result_keys, started_with
 from rayfl.runtime.checkpoint_file import Slot, decode, writer
 from rayfl.runtime.state_store import prune_after, read_state, verify_present
 from rayfl.runtime.storage import CheckpointError, Storage, join
@@ -172,6 +172,7 @@ def check_identity(ck: dict, values: dict | None, where: str) -> None:
     found = ck.get(IDENTITY) if isinstance(ck, dict) else None
     if not isinstance(found, dict) or values is None:
         return
+    found = {k: v for k, v in found.items() if changes_results(k)}  # an older rayfl kept more
     differ = [k for k in differences(values, found)  # a key of another rayfl version: default
               if k not in UNNAMED and not (k not in found and values[k] == default_of(k))]
     if not differ:
