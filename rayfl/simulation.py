@@ -126,14 +126,17 @@ def _write_failed(e: Exception, run_dir: str) -> RunStopped:
 
 def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
             max_rounds: int | None, on_round) -> dict:
-    ref = server.run.remote(max_rounds)
+    follow = on_round is not None  # the server waits for its verdict on each round
+    ref = server.run.remote(max_rounds, follow=follow)
     seen, stopping, started, eta = 0, False, False, Eta()
     while True:
-        done, _ = ray.wait([ref], timeout=0.5)
+        done, _ = ray.wait([ref], timeout=0 if follow else 0.5)
         rows: list[dict] = []
         try:
             # the first answer waits for the server's start-up; later ones must be prompt
-            rows = ray.get(server.progress.remote(seen), timeout=timeout_s if started else None)
+            rows = ray.get(server.progress.remote(seen, min(0.5, (timeout_s or 1) / 2)
+                                                  if follow else 0.0),
+                           timeout=timeout_s if started else None)
             started = True
             if done:
                 summary = ray.get(ref)
@@ -153,9 +156,9 @@ def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
         for info in rows:
             if not quiet:
                 print(progress_line(info, eta), flush=True)
-            if on_round is not None and not stopping and on_round(info):
-                server.request_stop.remote()
-                stopping = True
+            if follow:
+                stopping = stopping or bool(on_round(info))
+                server.decide.remote(info["round"], stopping)
         if done:
             return summary
 

@@ -256,3 +256,19 @@ def test_a_server_optimiser_may_read_the_model_it_steps():
 
     with pytest.raises(ComponentError, match=r"edited x in place"):
         ServerRound(0, torch.ones(2), 10, server_opt.ServerOpt(lambda x: {}, edits), {}).step(d)
+
+
+@pytest.mark.parametrize("executor", ["ray", "inprocess"])
+def test_on_round_returning_true_pauses_after_that_very_round(ray_local, tiny, executor):
+    """It paused a round later in process, and on Ray after whichever round was running when
+    the driver's answer came."""
+    seen = []
+
+    def stop_at_two(row):
+        seen.append(row["round"])
+        return row["round"] == 2
+
+    paused = rayfl.run(TINY, tiny + ["rounds=5", f"runtime.executor={executor}"], quiet=True,
+                       on_round=stop_at_two)
+    assert paused.summary["status"] == "paused" and paused.summary["paused_after_round"] == 1
+    assert paused.metrics.num_rows == 2 and seen == [1, 2]

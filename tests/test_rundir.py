@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -113,7 +114,8 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.cfg = SimpleNamespace(rounds=rounds, loss_ceiling=ceiling,
                             eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1),
                             availability=SimpleNamespace(max_empty_rounds=10), privacy=None)
-    s.log, s.progress_rows, s.stop_requested = _Log(), [], False
+    s.log, s.progress_rows = _Log(), []
+    s.new_row = threading.Condition()
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
     s.state = SimpleNamespace(x=torch.zeros(3))
     s.participation = s.canaries = s.account = None  # no privacy: no bound, audit or account

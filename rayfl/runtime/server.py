@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 import time
 
 import numpy as np
@@ -87,7 +89,8 @@ class Server:
         # client-state versions a kept checkpoint refers to: never deleted (rayfl fork)
         self.pinned = checkpoint.pinned_versions(self.location) if resume else set()
         self.progress_rows: list[dict] = []
-        self.stop_requested = False
+        self.verdicts: queue.SimpleQueue = queue.SimpleQueue()  # the driver's, with follow
+        self.new_row = threading.Condition()  # a progress row was added
         if resume:
             self._restore(checkpoint.load(self.location))
         else:
@@ -133,27 +136,38 @@ class Server:
             self.participation.load_state(run.participation)
 
     # ----- the loop ----------------------------------------------------------------------
-    def progress(self, since: int = 0) -> list[dict]:
+    def progress(self, since: int = 0, wait_s: float = 0.0) -> list[dict]:
         """The metrics rows (as in ``metrics.parquet``, plus ``rounds``) of every round after
-        the first ``since`` (polled by the user)."""
-        return self.progress_rows[since:]
+        the first ``since`` (polled by the driver), waiting at most ``wait_s`` for one."""
+        with self.new_row:
+            self.new_row.wait_for(lambda: len(self.progress_rows) > since, timeout=wait_s)
+            return self.progress_rows[since:]
 
-    def request_stop(self) -> None:
-        """Pause after the current round (checkpointed; ``rayfl resume`` continues)."""
-        self.stop_requested = True
+    def decide(self, round: int, stop: bool) -> None:
+        """The driver's verdict on round ``round`` (from 1) of a run it follows round by round
+        (``run(..., follow=True)``): ``stop`` pauses after it."""
+        self.verdicts.put((round, stop))
 
-    def run(self, max_rounds: int | None = None, on_progress=None) -> dict:
+    def _verdict(self, row: dict) -> bool:
+        """Wait for the driver's verdict on the round of ``row``."""
+        round, stop = self.verdicts.get()
+        assert round == row["round"], (round, row["round"])  # one verdict a row, in order
+        return stop
+
+    def run(self, max_rounds: int | None = None, on_progress=None, follow: bool = False
+            ) -> dict:
         """Run the remaining rounds (at most ``max_rounds`` now); returns the summary.
 
         A paused run returns ``{"paused_after_round": t}`` with a checkpoint of round t.
         ``on_progress(row)`` (in-process runs) sees each round's metrics row (round 1-based, as
         in ``metrics.parquet``, plus ``rounds``) as it comes; returning True pauses after that
-        round. A failed write of the run's files (here or in a client actor) raises
+        round. ``follow``: the driver reads each row (:meth:`progress`) and gives its verdict
+        (:meth:`decide`) before the next round starts, so that its pause is as exact. A failed write of the run's files (here or in a client actor) raises
         :class:`~rayfl.runtime.storage.StorageError`.
         """
         try:
             with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
-                out = self._run(max_rounds, on_progress)
+                out = self._run(max_rounds, self._verdict if follow else on_progress)
         except OSError as e:
             self.log.interrupt("FAILED")
             raise storage.StorageError.of(e) from None
@@ -198,16 +212,19 @@ class Server:
             starved = empty.after(row)  # the reason a run of empty rounds stops here, or None
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
-            pause = self.stop_requested or t == end - 1
-            if (t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause
-                    or t + 1 in cfg.checkpoint.keep):
-                tick = time.perf_counter()
-                self._checkpoint(t, row["elapsed_s"])
-                checkpoint_s = time.perf_counter() - tick
-            self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
-                                       **label})
+            pause = t == end - 1
+            due = t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause \
+                or t + 1 in cfg.checkpoint.keep
+            if due:
+                checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])
+            with self.new_row:
+                self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
+                                           **label})
+                self.new_row.notify_all()
             if on_progress is not None and on_progress(self.progress_rows[-1]):
-                self.stop_requested = True
+                pause = True  # after this very round
+                if not due:
+                    checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])
             if diverged or starved:
                 return self.log.finish(self._final_model(t), final,
                                        diverged_at=t if diverged else None,
@@ -218,6 +235,12 @@ class Server:
                 return {"paused_after_round": t}
         return self.log.finish(self._final_model(end - 1), final,
                                buffers=self._final_buffers(), extra=self._privacy_report(end))
+
+    def _timed_checkpoint(self, t: int, elapsed: float) -> float:
+        """The checkpoint of round ``t``; the seconds it took."""
+        tick = time.perf_counter()
+        self._checkpoint(t, elapsed)
+        return time.perf_counter() - tick
 
     def _privacy_report(self, rounds: int) -> dict:
         """``participation.parquet`` (mechanisms that bound participation) and
@@ -347,4 +370,5 @@ class Server:
         return None if b is None else b.detach().cpu().numpy().astype(np.float32)
 
 
-ServerActor = ray.remote(num_cpus=0, max_concurrency=2)(Server)
+#: its run, and the driver's calls beside it: a progress poll that waits for a row, a verdict
+ServerActor = ray.remote(num_cpus=0, max_concurrency=3)(Server)
