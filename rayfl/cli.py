@@ -157,7 +157,8 @@ def _print_summary(s: dict) -> None:
 
 
 #: the component kinds besides algorithms whose own keys ``rayfl keys --KIND NAME`` lists
-COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper", "server_opt")
+COMPONENT_KINDS = ("model", "dataset", "availability", "selector", "wrapper", "transform",
+                   "server_opt")
 
 
 def _cmd_keys(args) -> int:
@@ -376,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # the run printed how to continue; no traceback
         _quiet_shutdown()
         return 130
+    except BrokenPipeError:  # `rayfl keys | head`: the reader has gone, nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
     finally:
         _restore_sigterm(previous)
 

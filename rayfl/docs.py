@@ -94,8 +94,9 @@ def combinations() -> str:
 def component_reference(kind: str, name: str) -> str:
     """The parameters one component adds to its section (a line saying so when it has none)."""
     obj = registry.resolve(kind, name)
-    key = registry.KEYS[kind]  # a list's entries (wrappers[].name) are addressed by name
-    section = f"{key.split('[]')[0]}.{name}" if "[]" in key else key.split(".")[0]
+    key = registry.KEYS[kind]  # wrappers' entries are addressed by name (wrappers.ima.start)
+    section = "" if kind == "transform" else f"{key.split('[]')[0]}.{name}" if "[]" in key \
+        else key.split(".")[0]  # a transform's keys sit beside its name in its entry
     params = registry.params_class(obj)
     head = [f"## `{registry.KEYS[kind]}: {name}`", "", registry.summary(kind, name), ""]
     if params is None:

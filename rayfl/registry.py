@@ -192,7 +192,8 @@ def _import_attr(ref: str) -> Any:
 BASES = {"algorithm": "rayfl.algorithms.base:Algorithm",
          "selector": "rayfl.selection.base:Selector",
          "availability": "rayfl.availability.base:AvailabilityModel",
-         "transform": "rayfl.transforms.base:Transform"}
+         "transform": "rayfl.transforms.base:Transform",
+         "wrapper": "rayfl.algorithms.wrapper:ServerWrapper"}
 
 
 def resolve(kind: str, name: str) -> Any:
@@ -288,7 +289,7 @@ def summary(kind: str, name: str) -> str:
     obj = resolve(kind, name)
     module = sys.modules.get(getattr(obj, "__module__", "") or "")
     from_module = is_builtin(kind, name) and isinstance(obj, type) and module is not None \
-        and kind != "executor"
+        and kind not in ("executor", "transform")  # several share a module
     doc = (module.__doc__ if from_module else None) or obj.__doc__ or ""
     return " ".join(doc.strip().split("\n\n")[0].split())
 
@@ -306,6 +307,9 @@ def params_problem(component: Any) -> str | None:
         return (f"a component whose Params is a dataclass of rayfl.schema fields (its Params "
                 f"{declared!r} is not a dataclass: add @dataclass(frozen=True))")
     params_cls = params_class(component)
+    if params_cls and "name" in {f.name for f in dataclasses.fields(params_cls)}:
+        return ("a component whose Params has no field called name (an entry's name is the "
+                "component it names: the field could never be set)")
     redefined = _loosened(params_cls) if params_cls else None
     if redefined:
         return (f"a component whose Params keep the type and bounds of the fields they "

@@ -251,6 +251,20 @@ def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, q
     return load_result(run_dir)
 
 
+def _check_not_diverged(run_dir: str) -> None:
+    """A diverged run has ended: resumed, its next round starts from the diverged model (and
+    ``loss_ceiling`` cannot change), so it is refused, pointing at ``rayfl fork``."""
+    path = os.path.join(run_dir, "summary.json")
+    if not os.path.isfile(path):
+        return
+    with open(path) as f:
+        summary = json.load(f)
+    if isinstance(summary, dict) and summary.get("diverged"):
+        raise ConfigError("run_dir", run_dir, f"a run that has not ended (this one diverged in "
+                          f"round {summary.get('diverged_at_round')}: summary.json); to go on "
+                          "from an earlier round with other settings, rayfl fork it")
+
+
 def load_result(run_dir: str) -> RunResult:
     """A :class:`RunResult` read back from a finished run directory."""
     with open(os.path.join(run_dir, "summary.json")) as f:
@@ -413,6 +427,7 @@ def resume(run_dir: str, quiet: bool = False, max_rounds: int | None = None,
     if not has_checkpoint and not quiet:
         print("no round of this run was checkpointed: it starts over from round 1")
     rundir.check_fingerprint(run_dir, config_mod.to_dict(cfg))
+    _check_not_diverged(run_dir)
     provenance.load(run_dir)
     parts = preflight(cfg, run_dir)
     done = 0

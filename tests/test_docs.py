@@ -186,6 +186,11 @@ def test_keys_of_one_algorithm_lists_only_its_own(capsys):
     assert cli.main(["keys", "--server-opt", "yogi"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("## `server_opt.name: yogi`") and "FedYogi" in out
+    assert cli.main(["keys", "--transform", "examples.centered_clip:CenteredClip"]) == 0
+    out = capsys.readouterr().out  # entry keys, beside its name
+    assert re.findall(r"^\| `([^`]+)` \|", out, flags=re.M) == ["tau", "iterations"]
+    assert cli.main(["keys", "--wrapper", "rayfl.transforms.base:ClipUpdate"]) == 2
+    assert "a subclass of rayfl.algorithms.wrapper.ServerWrapper" in capsys.readouterr().err
 
 
 def test_readme_opens_with_the_two_commands():

@@ -179,3 +179,13 @@ def test_a_float64_value_too_large_to_square_is_divergence_not_a_traceback():
     no_new_non_finite([big, big * big], ["m:Squares"], "an x")  # nobody named
     with pytest.raises(ComponentError, match="m:Breaks: returned an x holding NaN"):
         no_new_non_finite([big / 1e200, big * NAN], ["m:Breaks"], "an x")
+
+
+def test_a_diverged_run_is_not_resumed_into_another_diverged_round(tiny):
+    """Resumed, it ran one more round from the diverged model and added its row."""
+    res = _run(tiny, "loss_ceiling=1e-9")
+    with pytest.raises(ConfigError) as err:
+        rayfl.resume(res.run_dir, quiet=True)
+    assert err.value.key == "run_dir" and "diverged in round 1" in str(err.value)
+    rows = pq.read_table(os.path.join(res.run_dir, "metrics.parquet")).num_rows
+    assert rows == 1

@@ -161,9 +161,19 @@ class UnvalidatedParams(Transform):
     Params = ComplexParams
 
 
+@dataclass(frozen=True)
+class WithAName:
+    name: str = "mine"
+
+
+class NamedParams(Transform):
+    Params = WithAName
+
+
 @pytest.mark.parametrize("cls, says", [
     ("NotADataclassParams", "Params is a dataclass"),
     ("UnvalidatedParams", "unsupported schema type <class 'complex'>"),
+    ("NamedParams", "Params has no field called name"),  # it kept its default, silently
 ])
 def test_params_the_schema_cannot_validate_are_refused_on_the_entry(cls, says):
     with pytest.raises(ConfigError) as err:

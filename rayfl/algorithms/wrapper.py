@@ -42,10 +42,7 @@ def check_run(cfg: Any) -> None:
     rules on the config hold (ConfigError on its entry; ComponentError naming its
     ``check_config`` when that raises); what its traits refuse is :mod:`rayfl.compat`'s."""
     for (where, cls, params), entry in zip(wrapper_classes(cfg), cfg.wrappers):
-        if not (isinstance(cls, type) and issubclass(cls, ServerWrapper)):
-            raise ConfigError(f"{where}.name", entry.name,
-                              "a ServerWrapper subclass (rayfl.algorithms.wrapper)")
-        problem = declaration_problem(cls)
+        problem = declaration_problem(cls)  # a ServerWrapper subclass: the registry's check
         if problem:
             raise ConfigError(f"{where}.name", entry.name, problem)
         with calling(name_of(cls, "check_config")):

@@ -66,6 +66,11 @@ class LoggersConfig:
                                                        "name)")
 
     def check(self, prefix: str) -> None:
+        for key in ("mlflow_uri", "mlflow_experiment"):
+            value = getattr(self, key)
+            if value is not None and not value.strip():
+                raise ConfigError(f"{prefix}.{key}", value, "null (the default) or a non-blank "
+                                                            "string")
         for key, module in (("tensorboard", "tensorboardX"), ("mlflow", "mlflow")):
             if getattr(self, key) and importlib.util.find_spec(module) is None:
                 raise ConfigError(f"{prefix}.{key}", True, f"the {module} package installed "
