@@ -29,7 +29,7 @@ from rayfl.data.regime import check_regime
 from rayfl.failures import RunStopped
 from rayfl.metrics import provenance
 from rayfl.metrics.files import write_json
-from rayfl.metrics.loggers import check_mlflow
+from rayfl.metrics.loggers import check_mlflow, end_run
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
@@ -227,15 +227,22 @@ def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, q
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
         server, actors = _start(cfg, handle, stack, executor, run_dir, resume)
+        ended = None  # the MLflow run's status when the driver stops the run
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
                               on_round)
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM (rayfl.cli): actors go, the checkpoint stays
+            ended = "KILLED"
             print(resume_hint(run_dir), file=sys.stderr, flush=True)
+            raise
+        except BaseException:  # a lost actor or server, the user's on_round: the run stopped
+            ended = "FAILED"
             raise
         finally:
             for a in [server, *actors]:
                 ray.kill(a)
+            if ended is not None:
+                end_run(cfg.loggers, run_dir, ended)
     if "paused_after_round" in summary:
         if not quiet:
             print(f"paused after round {summary['paused_after_round'] + 1}/{cfg.rounds}; "
@@ -374,7 +381,7 @@ def _remove_new_run(cfg: Config, run_dir: str, created: list[str], existed: set[
         location = storage.run_location(cfg, run_dir)
         store = storage.Storage(location)
         if cfg.runtime.storage is None or store.is_local and _nested(store.location, run_dir):
-            return  # in the run directory, or holding it: unmake's to remove
+            return  # the run directory or inside it: unmake's to remove
         store.remove_new(existed)
     except Exception as e:  # noqa: BLE001 - never hides why the run stopped
         print(f"rayfl: warning: the run stopped before its first round, and what it created "
@@ -382,9 +389,9 @@ def _remove_new_run(cfg: Config, run_dir: str, created: list[str], existed: set[
 
 
 def _nested(a: str, b: str) -> bool:
-    """Whether local paths ``a`` and ``b`` are one the other or one inside the other."""
+    """Whether local path ``a`` is ``b`` or lies inside it."""
     a, b = os.path.abspath(a), os.path.abspath(b)
-    return os.path.commonpath([a, b]) in (a, b)
+    return os.path.commonpath([a, b]) == b
 
 
 def run(source: Any, overrides: list[str] | None = None, run_dir: str | None = None,

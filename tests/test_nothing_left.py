@@ -77,6 +77,13 @@ def test_the_client_state_it_wrote_to_storage_goes_too(s3_server, tiny, tmp_path
     fresh = [f"runtime.storage={uri_for('fresh/deeper')}"]  # a prefix that holds nothing yet
     _fails(scaffold + fresh + [_entry(TwoValues)], run_dir=str(tmp_path / "first"))
     assert s3_keys(client, "") == before  # no empty "fresh/deeper/" marker either
+    client.put_object(Bucket="rayfl-test", Key="kept/again/mine/", Body=b"")  # an empty folder
+    before = s3_keys(client, "")
+    _fails(scaffold + [f"runtime.storage={uri_for('kept')}", _entry(TwoValues)],
+           run_dir=str(tmp_path / "again"))
+    after = s3_keys(client, "")
+    assert set(before) <= set(after)  # the folder that existed stays
+    assert set(after) - set(before) <= {"kept/again/"}  # at most a marker of a folder there
     assert not os.path.exists(tmp_path / "first")
 
 

@@ -84,7 +84,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                               "before its own checkpoint commits)")),
         "eval_s": ("s", "test (and validation) evaluation, on evaluated rounds"),
         "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
-        "elapsed_s": ("s", "wall time since the run started, resumed runs included"),
+        "elapsed_s": ("s", ("wall time since the run started, resumed runs included (the time "
+                            "on_round takes left out)")),
     },
     "evaluated rounds (every eval.every rounds, the last eval.last_rounds and the last; null "
     "otherwise)": {

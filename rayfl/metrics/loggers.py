@@ -13,8 +13,11 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
+from urllib.parse import urlparse
 
 from rayfl.config import to_dict
+from rayfl.creatable import check_creatable
 from rayfl.schema import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
@@ -82,10 +85,7 @@ class MLflowLogger:
         from mlflow import MlflowClient
 
         cfg, run_dir = self.cfg, self.run_dir
-        # default: next to the run directory (<output_dir>/mlruns), resolved from run_dir,
-        # which is absolute, since this actor's cwd need not be the user's
-        uri = cfg.loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = MlflowClient(tracking_uri=store_of(cfg.loggers, run_dir))
         id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
         if os.path.isfile(id_path):
             with open(id_path) as f:
@@ -128,12 +128,20 @@ class MLflowLogger:
             self.run_id = None
 
 
+def store_of(loggers, run_dir: str) -> str:
+    """The MLflow tracking URI of the run in ``run_dir``: ``loggers.mlflow_uri``, by default
+    the local store beside the run directory (<output_dir>/mlruns), resolved from ``run_dir``
+    (absolute: the server actor's working directory need not be the user's)."""
+    return loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
+
+
 def check_mlflow(loggers, run_dir: str | None = None) -> None:
-    """Before a run starts: the tracking store ``loggers.mlflow_uri`` names answers, and the
-    MLflow run a resumed ``run_dir`` logs to (``mlflow_run_id``) is in its store — a
-    ConfigError on ``loggers.mlflow_uri`` otherwise (a run directory moved away from its
-    default store, ``mlruns`` beside it, among them). A local store a new run names is made
-    with its first row, as the default one is."""
+    """Before a run starts, creating no store: ``loggers.mlflow_uri`` is a store MLflow takes
+    that could hold the run — a local directory (a path or ``file:``) or SQLite file that can
+    be made, an HTTP server that answers, a database or Databricks URI (taken as written) —
+    and the MLflow run a resumed ``run_dir`` logs to (``mlflow_run_id``) is in its store (the
+    default: ``mlruns`` beside the run directory). A ConfigError on ``loggers.mlflow_uri``
+    otherwise."""
     if not loggers.mlflow:
         return
     id_path = os.path.join(run_dir, MLFLOW_RUN_ID) if run_dir else ""
@@ -143,17 +151,38 @@ def check_mlflow(loggers, run_dir: str | None = None) -> None:
             run_id = f.read().strip()
     if loggers.mlflow_uri is None and run_id is None:
         return  # a new run's default store, made with its first row
-    uri = loggers.mlflow_uri or os.path.join(os.path.dirname(run_dir), "mlruns")
-    local = uri.removeprefix("file://") if re.match(_SCHEME, uri) is None \
-        or uri.startswith("file://") else None
-    wanted = "a reachable MLflow tracking store" if run_id is None else (
-        f"the store of MLflow run {run_id} (recorded in {id_path}; was the run directory "
-        "moved? set loggers.mlflow_uri to its store in config.yaml, or loggers.mlflow to false)")
-    if local is not None and (run_id is None or not os.path.isdir(local)):
-        if run_id is None:
+    uri = store_of(loggers, run_dir)
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    scheme = match.group(1).lower().split("+")[0] if match else ""
+    wanted = "a tracking store MLflow reaches" if run_id is None else (
+        f"the store of MLflow run {run_id} (recorded in {id_path}: was the run directory "
+        "moved? set loggers.mlflow_uri in its config.yaml to that store, delete mlflow_run_id "
+        "to log the rounds to come to a new MLflow run, or set loggers.mlflow to false)")
+
+    def refuse(why: str) -> ConfigError:
+        return ConfigError("loggers.mlflow_uri", loggers.mlflow_uri, f"{wanted}; {why}")
+
+    if scheme in ("", "file", "sqlite"):
+        path = uri if not scheme else urlparse(uri).path if scheme == "file" \
+            else uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path:
+            raise refuse("a SQLite URI is sqlite:///PATH")
+        if run_id is None:  # made with the run's first row
+            check_creatable(path if scheme != "sqlite" else os.path.dirname(path) or ".",
+                            "loggers.mlflow_uri")
             return
-        raise ConfigError("loggers.mlflow_uri", loggers.mlflow_uri,
-                          f"{wanted}: {local} does not exist")
+        if not os.path.exists(path):
+            raise refuse(f"{path} does not exist")
+    elif scheme not in ("http", "https"):
+        if scheme in ("postgresql", "mysql", "mssql", "databricks"):
+            return  # reaching one may take minutes of the driver's retries: taken as written
+        raise refuse(f"{uri} is not a store MLflow takes (a path, file:, sqlite:, http:, https:, "
+                     "postgresql:, mysql:, mssql: or databricks)")
+    _reach(uri, run_id, refuse)
+
+
+def _reach(uri: str, run_id: str | None, refuse) -> None:
+    """Ask the store at ``uri`` for the run ``run_id`` (None: for an experiment), once."""
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     saved = {k: os.environ.get(k) for k in _QUICK}
     os.environ.update(_QUICK)  # an unreachable server: one try, not minutes of retries
@@ -167,8 +196,7 @@ def check_mlflow(loggers, run_dir: str | None = None) -> None:
             client.get_run(run_id)
     except Exception as e:  # noqa: BLE001 - any failure of the store is the URI's
         first = (str(e).strip().splitlines() or [""])[0][:200]
-        raise ConfigError("loggers.mlflow_uri", loggers.mlflow_uri,
-                          f"{wanted} ({type(e).__name__}: {first})") from None
+        raise refuse(f"{type(e).__name__}: {first}") from None
     finally:
         for k, v in saved.items():
             if v is None:
@@ -177,9 +205,27 @@ def check_mlflow(loggers, run_dir: str | None = None) -> None:
                 os.environ[k] = v
 
 
-_SCHEME = r"^[A-Za-z][A-Za-z0-9+.-]*:"  # a URI's (sqlite:, http:, databricks), not a path's
 #: MLflow's HTTP client settings for the pre-flight's one request
 _QUICK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def end_run(loggers, run_dir: str, status: str) -> None:
+    """Mark the MLflow run of ``run_dir`` ``status`` from the driver (a Ray run stopped by
+    Ctrl-C, a lost actor or server: the server could not); a warning when it cannot."""
+    id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
+    if not loggers.mlflow or not os.path.isfile(id_path):
+        return
+    try:
+        with open(id_path) as f:
+            run_id = f.read().strip()
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow import MlflowClient
+
+        MlflowClient(tracking_uri=store_of(loggers, run_dir)).set_terminated(run_id,
+                                                                             status=status)
+    except Exception as e:  # noqa: BLE001 - the run's own stop is the one to report
+        print(f"rayfl: warning: the MLflow run could not be marked {status} "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
 def open_loggers(run_dir: str, cfg) -> list:

@@ -221,7 +221,10 @@ class Server:
                 self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
                                            **label})
                 self.new_row.notify_all()
-            if on_progress is not None and on_progress(self.progress_rows[-1]):
+            tick = time.perf_counter()
+            stop = on_progress is not None and on_progress(self.progress_rows[-1])
+            start += time.perf_counter() - tick  # the caller's time is not the run's
+            if stop:
                 pause = True  # after this very round
                 if not due:
                     checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])

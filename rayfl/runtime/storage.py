@@ -253,11 +253,12 @@ class Storage:
 
     def directories(self) -> set[str]:
         """The directories that exist now: the location and its parents (below an object
-        store's bucket), and locally every one under the location. :meth:`remove_new` keeps
-        them."""
+        store's bucket), and every one under the location. :meth:`remove_new` keeps them."""
         found = {path for path in self._lineage() if self._is_dir(path)}
         if self.is_local and os.path.isdir(self.location):
             found |= {os.path.abspath(root) for root, _, _ in os.walk(self.location)}
+        elif not self.is_local:
+            found |= {i.path for i in self._under() if i.type == pafs.FileType.Directory}
         return found
 
     def remove_new(self, existed: set[str]) -> None:
@@ -272,11 +273,15 @@ class Storage:
                 if os.path.abspath(root) not in existed:
                     os.rmdir(root)
         else:
-            fs, key = self._remote(), self._key("").rstrip("/")
-            if key in existed:
-                fs.delete_dir_contents(key, missing_dir_ok=True)
-            else:
-                self.clear()
+            fs, under = self._remote(), self._under()
+            for info in under:
+                if info.type == pafs.FileType.File:
+                    fs.delete_file(info.path)
+            new = [i.path for i in under if i.type == pafs.FileType.Directory] + \
+                [self._key("").rstrip("/")]
+            for path in sorted(set(new) - existed, key=lambda p: -p.count("/")):  # deepest first
+                if self._is_dir(path):
+                    fs.delete_dir(path)
         for path in self._lineage()[1:]:  # the parents, innermost first
             if path in existed or not self._is_dir(path) or self._holds_files(path):
                 return
@@ -295,6 +300,11 @@ class Storage:
             path = os.path.dirname(path)
             out.append(path)
         return out
+
+    def _under(self) -> list:
+        """An object store's entries under the location (FileInfo: files and directories)."""
+        return self._remote().get_file_info(pafs.FileSelector(
+            self._key("").rstrip("/"), recursive=True, allow_not_found=True))
 
     def _is_dir(self, path: str) -> bool:
         if self.is_local:
