@@ -14,6 +14,7 @@ import math
 import os
 import re
 import sys
+from unittest import mock
 from urllib.parse import urlparse
 
 from rayfl.config import to_dict
@@ -184,25 +185,18 @@ def check_mlflow(loggers, run_dir: str | None = None) -> None:
 def _reach(uri: str, run_id: str | None, refuse) -> None:
     """Ask the store at ``uri`` for the run ``run_id`` (None: for an experiment), once."""
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    saved = {k: os.environ.get(k) for k in _QUICK}
-    os.environ.update(_QUICK)  # an unreachable server: one try, not minutes of retries
     try:
         from mlflow import MlflowClient
 
-        client = MlflowClient(tracking_uri=uri)
-        if run_id is None:
-            client.search_experiments(max_results=1)
-        else:
-            client.get_run(run_id)
+        with mock.patch.dict(os.environ, _QUICK):  # a dead server: one try, not minutes
+            client = MlflowClient(tracking_uri=uri)
+            if run_id is None:
+                client.search_experiments(max_results=1)
+            else:
+                client.get_run(run_id)
     except Exception as e:  # noqa: BLE001 - any failure of the store is the URI's
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise refuse(f"{type(e).__name__}: {first}") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 #: MLflow's HTTP client settings for the pre-flight's one request
