@@ -88,9 +88,8 @@ class MLflowLogger:
         cfg, run_dir = self.cfg, self.run_dir
         self.client = MlflowClient(tracking_uri=store_of(cfg.loggers, run_dir))
         id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
-        if os.path.isfile(id_path):
-            with open(id_path) as f:
-                self.run_id = f.read().strip()
+        self.run_id = recorded_run(run_dir)
+        if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
         name = cfg.loggers.mlflow_experiment or cfg.name
@@ -129,6 +128,15 @@ class MLflowLogger:
             self.run_id = None
 
 
+def recorded_run(run_dir: str) -> str | None:
+    """The id of the MLflow run ``run_dir`` logs to (``mlflow_run_id``); None: none yet."""
+    path = os.path.join(run_dir, MLFLOW_RUN_ID)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
 def store_of(loggers, run_dir: str) -> str:
     """The MLflow tracking URI of the run in ``run_dir``: ``loggers.mlflow_uri``, by default
     the local store beside the run directory (<output_dir>/mlruns), resolved from ``run_dir``
@@ -146,10 +154,7 @@ def check_mlflow(loggers, run_dir: str | None = None) -> None:
     if not loggers.mlflow:
         return
     id_path = os.path.join(run_dir, MLFLOW_RUN_ID) if run_dir else ""
-    run_id = None
-    if os.path.isfile(id_path):
-        with open(id_path) as f:
-            run_id = f.read().strip()
+    run_id = recorded_run(run_dir) if run_dir else None
     if loggers.mlflow_uri is None and run_id is None:
         return  # a new run's default store, made with its first row
     uri = store_of(loggers, run_dir)
@@ -206,12 +211,10 @@ _QUICK = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT":
 def end_run(loggers, run_dir: str, status: str) -> None:
     """Mark the MLflow run of ``run_dir`` ``status`` from the driver (a Ray run stopped by
     Ctrl-C, a lost actor or server: the server could not); a warning when it cannot."""
-    id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
-    if not loggers.mlflow or not os.path.isfile(id_path):
+    run_id = recorded_run(run_dir) if loggers.mlflow else None
+    if run_id is None:
         return
     try:
-        with open(id_path) as f:
-            run_id = f.read().strip()
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
 
