@@ -1,6 +1,6 @@
 """An aggregation transform of your own: centered clipping (Karimireddy, He & Jaggi, ICML 2021).
 
-Run it: ``rayfl run configs/test/tiny.yaml "aggregation.transforms=[{name:
+Run it: ``rayfl run configs/test/tiny.yaml "layers=[{name:
 examples.centered_clip:CenteredClip, tau: 0.5}]"``. The server replaces the round's mean update
 by v_L, from v_0 = the previous round's estimate (0 at the start):
 

@@ -1,10 +1,10 @@
 """A server wrapper of your own: deploy an exponential moving average of the server model.
 
-Run it: ``rayfl run configs/test/tiny.yaml "wrappers=[{name: examples.my_wrapper:ServerEMA,
+Run it: ``rayfl run configs/test/tiny.yaml "layers=[{name: examples.my_wrapper:ServerEMA,
 decay: 0.9}]"``. The wrapped algorithm runs unchanged (its clients keep starting from its own
 x); the model evaluated and saved is e_t = β e_{t−1} + (1 − β) x_t, e_{−1} = x_0 (Polyak
 averaging of the server iterates). It composes with any algorithm and any other wrapper:
-``wrappers: [{name: ima}, {name: examples.my_wrapper:ServerEMA}]`` averages IMA's models.
+``layers: [{name: ima}, {name: examples.my_wrapper:ServerEMA}]`` averages IMA's models.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ update, into the wrapper's own sums); its server half keeps the best loss so far
 since it improved in its slot, and multiplies the clients' learning rate by ``factor`` after
 ``patience`` rounds without a relative improvement of ``threshold``. Around any algorithm:
 
-    rayfl run configs/test/tiny.yaml "wrappers=[{name: examples.plateau:ReduceOnPlateau}]"
+    rayfl run configs/test/tiny.yaml "layers=[{name: examples.plateau:ReduceOnPlateau}]"
 
 ``factor: 1`` never changes the rate: the run is the wrapped algorithm's, byte for byte.
 """

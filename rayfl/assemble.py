@@ -1,21 +1,20 @@
-"""The run's layer stack built from its config: the algorithm with its server optimiser, the
-``wrappers`` around it and the aggregation transforms (:class:`~rayfl.layers.Stack`)."""
+"""The run's layer stack built from its config: the algorithm with its server optimiser and the
+layers around it (:class:`~rayfl.layers.Stack`, :mod:`rayfl.layer_list`)."""
 
 from __future__ import annotations
 
 from rayfl.algorithms import registry
 from rayfl.algorithms.checks import effective_weighting
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.algorithms.wrapper import wrappers_of
 from rayfl.contract import ComponentError, calling, describe, expect, name_of
+from rayfl.layer_list import built
 from rayfl.layers import Facts, Stack
 from rayfl.schema import ConfigError
-from rayfl.transforms import keyed_transforms
 
 
 def stack(cfg, num_clients: int) -> Stack:
     """The run's :class:`~rayfl.layers.Stack`: the configured algorithm with its server
-    optimiser, the ``wrappers`` around it and the aggregation transforms."""
+    optimiser and the configured layers around it."""
     cls = registry.get(cfg.algorithm.name)
     # heavy-ball momentum is what SCAFFOLD's and FedNova's step normaliser must know; Adam has none
     momentum = cfg.local.momentum if cfg.local.optimizer == "sgd" else 0.0
@@ -30,9 +29,7 @@ def stack(cfg, num_clients: int) -> Stack:
         lr = cfg.algorithm.params.server_lr if o.lr is None else o.lr
         opt = server_opt_of(o, lr)
     facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
-    wrappers, transforms = wrappers_of(cfg, facts), keyed_transforms(cfg, facts)
-    return Stack(algo, opt, [w for _, w in wrappers], [t for _, t in transforms],
-                 [key for key, _ in wrappers + transforms])
+    return Stack.of(algo, opt, built(cfg, facts))
 
 
 def server_opt_of(section, lr: float):

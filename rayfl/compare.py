@@ -51,10 +51,22 @@ def variant(base: dict, entry: str) -> dict:
     if weighting not in ("auto", "samples", "uniform") + tuple(traits.weightings):
         raw["aggregation"] = {**base["aggregation"], "weighting": "auto"}
     raw = plain_sgd(raw, traits.compare_plain)
-    configured = {e["name"]: e for e in base.get("wrappers") or []}
-    raw["wrappers"] = [configured.get(w, {"name": w}) for w in wrappers]
+    raw.update(_with_wrappers(base, wrappers))
     raw["name"] = f"{base.get('name', 'run')}-{entry}"
     return raw
+
+
+def _with_wrappers(base: dict, wrappers: list[str]) -> dict:
+    """The base config's layer list with ``wrappers`` as its only server wrappers, innermost
+    (each keeping the keys the base gives it), in the spelling the base uses."""
+    key = "layers" if base.get("layers") else "wrappers"
+    given = [{"name": e} if isinstance(e, str) else e for e in base.get(key) or []]
+    configured = {e.get("name"): e for e in given}
+    if key == "wrappers":
+        return {key: [configured.get(w, {"name": w}) for w in wrappers]}
+    others = [e for i, e in enumerate(given)
+              if registry.resolve_layer(e.get("name"), f"layers[{i}].name")[0] != "wrapper"]
+    return {"layers": [configured.get(w, {"name": w}) for w in wrappers] + others}
 
 
 #: plain SGD's value of each local optimiser setting

@@ -15,31 +15,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rayfl import privacy, registry
+from rayfl import layer_list, privacy, registry
 from rayfl.algorithms import registry as algorithms
 from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.checks import effective_weighting
-from rayfl.algorithms.wrapper import wrapper_classes
 from rayfl.models.flat import persistent_buffers
 from rayfl.schema import ConfigError, to_dict
-from rayfl.transforms import class_of, entries_of
 
 
 @dataclass(frozen=True)
 class Run:
-    """What the rules read: the config, the algorithm's class and traits, the wrappers'
-    (where, class) and the transforms' (where, name), and the model's facts when known."""
+    """What the rules read: the config, the algorithm's class and traits, the configured layers
+    (:class:`~rayfl.layer_list.Entry`, innermost first) and the model's facts when known."""
 
     cfg: Any
     cls: Any
     traits: Any
-    wrappers: tuple
-    transforms: tuple
+    layers: tuple
     buffers: bool = False  # the model has buffers (BatchNorm statistics)
 
+    @property
+    def wrappers(self) -> tuple:
+        """(where, class) of each server wrapper."""
+        return tuple((e.where, e.cls) for e in self.layers if e.kind == "wrapper")
+
     def named(self, where: str) -> str:
-        """The name the config gives the wrapper at ``where`` (``wrappers[1]``)."""
-        return self.cfg.wrappers[int(where[len("wrappers["):-1])].name
+        """The name the config gives the layer at ``where`` (``layers[1]``)."""
+        return next(e.name for e in self.layers if e.where == where)
 
     @property
     def name(self) -> str:
@@ -57,8 +59,7 @@ class Run:
     def transport(self) -> tuple[str, str] | None:
         """(where, name) of the first transport layer configured — the server sees only the
         sum of the uploads (SecAgg); None: none is."""
-        return next(((where, n) for where, n in self.transforms
-                     if class_of(n, where).traits.transport), None)
+        return next(((e.where, e.name) for e in self.layers if e.cls.traits.transport), None)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ _ASYNC = "with aggregation.mode "
 
 #: the rules, in the order they are checked
 RULES: tuple[Rule, ...] = (
+    # ----- the layer list: one spelling -----------------------------------------------------
+    Rule("layers", lambda r: bool(r.cfg.layers and _older_spelling(r.cfg)),
+         lambda r: f"one list: {' and '.join(_older_spelling(r.cfg))} given too "
+                   f"({layer_list.BECAME})",
+         value=lambda r: [e.get("name") for e in r.cfg.layers]),
     # ----- the run's sizes against its data and rounds --------------------------------------
     Rule("clients_per_round", lambda r: r.cfg.clients_per_round > _trainable(r.cfg),
          lambda r: f"at most data.num_clients - data.validation_clients = {_trainable(r.cfg)}"),
@@ -202,9 +208,9 @@ RULES: tuple[Rule, ...] = (
       for key in ("bands", "restart")),  # DP-FTRL's and banded MF's (None under dp_fedavg)
     Rule("privacy.public_reports",
          lambda r: _mechanism(r) is not None and bool(r.cfg.privacy.public_reports)
-         and all(registry.is_builtin(s.KIND, s.component_name)
-                 for s in (r.cfg.algorithm, *r.cfg.wrappers)),
-         lambda r: "[] when the algorithm and the wrappers are rayfl's own: none of them sends "
+         and registry.is_builtin("algorithm", r.cfg.algorithm.component_name)
+         and all(e.builtin for e in r.layers),
+         lambda r: "[] when the algorithm and the layers are rayfl's own: none of them sends "
                    "a report beside the update"),
     Rule("privacy.adaptive_clip.count_noise",
          lambda r: _mechanism(r) is not None and r.cfg.privacy.adaptive_clip is not None
@@ -218,7 +224,7 @@ RULES: tuple[Rule, ...] = (
          lambda r: f"at least one round's ε = {_first_epsilon(r.cfg):.4g} (raise it, or the "
                    "noise)"),
     # ----- robust rules read single updates ---------------------------------------------------
-    *(Rule(key, lambda r, when=when: any(c.traits.needs_updates for c in _transform_classes(r))
+    *(Rule(key, lambda r, when=when: any(c.traits.needs_updates for c in _layer_classes(r))
            and when(r), lambda r, why=why: f"{why(r)} with {_robust(r)}", value=value)
       for key, when, why, value in (
           ("privacy", lambda r: r.cfg.privacy is not None,
@@ -332,21 +338,25 @@ def _concurrency(cfg) -> int:
     return cfg.aggregation.concurrency or cfg.clients_per_round
 
 
-def _transform_classes(run: Run) -> list:
-    return [class_of(name, where) for where, name in run.transforms]
+def _older_spelling(cfg) -> list[str]:
+    """The keys of the layer list's older spelling the config gives entries in."""
+    return [key for key, given in zip(layer_list.OLDER,
+                                      (cfg.wrappers, cfg.aggregation.transforms)) if given]
+
+
+def _layer_classes(run: Run) -> list:
+    return [e.cls for e in run.layers]
 
 
 def _robust(run: Run) -> str:
     """The first robust rule configured, as the config names it."""
-    return next(name for where, name in run.transforms
-                if class_of(name, where).traits.needs_updates)
+    return next(e.name for e in run.layers if e.cls.traits.needs_updates)
 
 
 def run_of(cfg, buffers: bool = False) -> Run:
     """The facts the rules read of a validated config."""
     cls = cfg.algorithm.component()
-    return Run(cfg, cls, cls.traits, tuple((w, c) for w, c, _ in wrapper_classes(cfg)),
-               tuple((w, e["name"]) for w, e in entries_of(cfg)), buffers)
+    return Run(cfg, cls, cls.traits, tuple(layer_list.entries(cfg)), buffers)
 
 
 def check(cfg) -> None:

@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import compat, schema, yamlio
-from rayfl.algorithms import legacy, wrapper
+from rayfl import compat, layer_list, schema, yamlio
+from rayfl.algorithms import legacy
 from rayfl.algorithms.base import declaration_problem
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
 from rayfl.availability.config import AvailabilityConfig
@@ -27,11 +27,10 @@ from rayfl.privacy.rules import check_given
 from rayfl.runtime.config import CheckpointConfig, KeepConfig, LocalConfig, RuntimeConfig
 from rayfl.schema import ConfigError, field
 from rayfl.selection.config import SelectionConfig
-from rayfl.transforms import check_run
 from rayfl.transforms.config import AggregationConfig, CompressionConfig, PrivacyConfig
 
 #: config keys holding a list of ``{name: ..., <keys>}`` entries (a dotted key names an entry)
-ENTRY_LISTS = ("wrappers", "aggregation.transforms")
+ENTRY_LISTS = ("layers", "wrappers", "aggregation.transforms")
 MAX_ROUNDS = 10**6  # rounds (server updates): more is a typo, not an experiment
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9._+-]{0,99}")
 
@@ -55,10 +54,18 @@ class Config:
     data: DataConfig = field(factory=DataConfig)
     model: ModelConfig = field(factory=ModelConfig)
     algorithm: AlgorithmConfig = field(factory=AlgorithmConfig)
+    layers: list[dict] = field(
+        factory=list, doc="the layers around the algorithm, innermost first, in the order "
+                          "written: server wrappers (ima) and aggregation transforms (clip, "
+                          "qsgd, topk, randk, secagg, median, trimmed_mean, krum, attack, "
+                          "identity) in one list, or package.module:Name, e.g. [{name: ima, "
+                          "window: 5}, {name: clip, max_norm: 1.0}]; one entry's key: "
+                          "layers.ima.window=5 (see `rayfl keys --wrapper/--transform`)")
     wrappers: list[WrapperConfig] = field(
-        factory=list, doc="server wrappers around the algorithm, innermost first, e.g. "
-                          "[{name: ima, window: 5}] (see `rayfl keys`: ima, or "
-                          "package.module:Name); one entry's key: wrappers.ima.window=5")
+        factory=list, doc="older spelling of `layers` (not mixed with it): server wrappers "
+                          "around the algorithm, innermost first, inside every aggregation "
+                          "transform, e.g. [{name: ima, window: 5}]; one entry's key: "
+                          "wrappers.ima.window=5")
     local: LocalConfig = field(factory=LocalConfig)
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
@@ -66,7 +73,8 @@ class Config:
                   "round in metrics.parquet")
     compression: Optional[CompressionConfig] = field(
         None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
-                  "upload_bytes per round, and the virtual clock's upload time")
+                  "upload_bytes per round, and the virtual clock's upload time; {method: M, "
+                  "<keys>} is the layer {name: M, <keys>} written last in `layers`")
     server_opt: Optional[ServerOptConfig] = field(
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
@@ -93,9 +101,9 @@ def from_dict(raw: dict) -> Config:
     for section in ("algorithm", "selection"):  # `algorithm: scaffold` is `{name: scaffold}`
         if isinstance(raw.get(section), str):
             raw = {**raw, section: {"name": raw[section]}}
-    if isinstance(raw.get("wrappers"), list):  # `wrappers: [ima]` is `[{name: ima}]`
-        raw = {**raw, "wrappers": [{"name": e} if isinstance(e, str) else e
-                                   for e in raw["wrappers"]]}
+    for key in ("layers", "wrappers"):  # `layers: [ima]` is `[{name: ima}]`
+        if isinstance(raw.get(key), list):
+            raw = {**raw, key: [{"name": e} if isinstance(e, str) else e for e in raw[key]]}
     check_given(raw.get("privacy"))
     cfg = schema.build(Config, raw)
     legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
@@ -107,8 +115,7 @@ def from_dict(raw: dict) -> Config:
         component = section.component()
         with calling(name_of(component, "check_config")):  # its own rules may raise anything
             component.check_config(section.params, cfg, where)
-    check_run(cfg)
-    wrapper.check_run(cfg)
+    layer_list.check_run(cfg)
     compat.check(cfg)
     return cfg
 
@@ -160,6 +167,7 @@ def check_given_once(overrides: list[str]) -> None:
 
 def set_key(raw: dict, key: str, value: Any, text: Any = None) -> None:
     """Set a dotted key in a plain config dict, creating sections (and named list entries)."""
+    key = _respelled(raw, key)
     node: Any = raw
     parts = key.split(".")
     for depth, part in enumerate(parts[:-1]):
@@ -170,12 +178,31 @@ def set_key(raw: dict, key: str, value: Any, text: Any = None) -> None:
     node[parts[-1]] = value
 
 
+def _respelled(raw: dict, key: str) -> str:
+    """A key into an entry of one spelling of the layer list, in the spelling ``raw`` uses: on a
+    config writing ``layers``, ``wrappers.ima.window`` (a tuner preset's key) is
+    ``layers.ima.window``; on one writing the older lists, ``layers.ima.window`` is the key of
+    the older list holding an ``ima`` entry."""
+    older = ("wrappers", "aggregation.transforms")
+    if raw.get("layers"):
+        for prefix in older:
+            if key.startswith(prefix + ".") and key.count(".") > prefix.count(".") + 1:
+                return "layers" + key[len(prefix):]
+    elif key.startswith("layers.") and key.count(".") > 1:
+        name = key.split(".")[1]
+        for prefix in older:
+            if get_key(raw, f"{prefix}.{name}") is not None:
+                return prefix + key[len("layers"):]
+    return key
+
+
 def get_key(raw: dict, key: str) -> Any:
     """The value at a dotted key of a plain config dict (None when absent)."""
     node: Any = raw
-    for part in key.split("."):
+    for part in _respelled(raw, key).split("."):
         if isinstance(node, list):
-            node = next((e for e in node if isinstance(e, dict) and e.get("name") == part), None)
+            node = next((e for e in node if e == part
+                         or isinstance(e, dict) and e.get("name") == part), None)
         elif isinstance(node, dict):
             node = node.get(part)
         else:

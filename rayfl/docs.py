@@ -106,13 +106,19 @@ def component_reference(kind: str, name: str) -> str:
 
 OPTIONAL_SECTIONS = ("privacy", "compression")  # sections that are off (null) by default
 
-TRANSFORMS_INTRO = """## `aggregation.transforms` entries
+TRANSFORMS_INTRO = """## `layers` entries
 
-Each entry is `{name: NAME, <keys>}`: NAME is a built-in below, a `package.module:Name`
-reference to a `rayfl.transforms.Transform` subclass of your own (its `Params` keys sit beside
-its name, as a built-in's do) or a name given to `rayfl.register_transform`. Client sides run
-in list order inside the worker, then the `compression` step, then the `privacy` mechanism's
-clipping, then `secagg` (the transport); server sides run in reverse order on the round's sum.
+`layers` is one list of the layers around the algorithm, innermost first, in the order written.
+Each entry is `{name: NAME, <keys>}`: NAME is a server wrapper (`ima`, its keys under
+"`layers[].name: ima`" below) or an aggregation transform (the tables right below), a
+`package.module:Name` reference to a `rayfl.algorithms.wrapper.ServerWrapper` or
+`rayfl.transforms.Transform` subclass of your own (its `Params` keys sit beside its name, as a
+built-in's do) or a name given to `rayfl.register_wrapper` or `rayfl.register_transform`.
+Client halves run in list order inside the worker, then the `compression` step, then the
+`privacy` mechanism's clipping, then `secagg` (the transport); server halves run in the reverse
+order on the round's sum, then the algorithm's update, then each layer's `after` on the new
+model, innermost first. The older spelling, `wrappers: [A]` with `aggregation.transforms: [B]`,
+is `layers: [A, B]` (the wrappers inside every transform); one config uses one spelling.
 Every step reports the bytes a client uploads for its update (`upload_bytes` per round in
 metrics.parquet, an algorithm's extra payload not counted; the virtual clock times the upload
 at that size). Error-feedback residuals are client state in the state store (checkpointed,

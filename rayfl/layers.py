@@ -409,23 +409,41 @@ def _rate(name: str, lr: Any, t: int) -> float:
 
 # ----- the stack ---------------------------------------------------------------------------------
 class Stack:
-    """The algorithm, its server optimiser, the wrappers and the transforms of a run."""
+    """The algorithm, its server optimiser and the layers around it (the wrappers and the
+    transforms, innermost first)."""
 
     def __init__(self, algorithm: Algorithm, optimizer: ServerOpt,
                  wrappers: list[Layer] | None = None, transforms: list[Layer] | None = None,
                  where: list[str] | None = None):
+        given = [("wrapper", w) for w in wrappers or []] + \
+            [("transform", t) for t in transforms or []]
+        where = where or [f"layers[{i}]" for i in range(len(given))]
+        self._build(algorithm, optimizer, [(w, k, layer) for w, (k, layer) in zip(where, given)])
+
+    @classmethod
+    def of(cls, algorithm: Algorithm, optimizer: ServerOpt,
+           layers: list[tuple[str, str, Layer]]) -> "Stack":
+        """The stack of ``layers``, each (config key, kind ``wrapper`` or ``transform``, layer)
+        in the order the config gives them, innermost first."""
+        stack = cls.__new__(cls)
+        stack._build(algorithm, optimizer, list(layers))
+        return stack
+
+    def _build(self, algorithm: Algorithm, optimizer: ServerOpt,
+               given: list[tuple[str, str, Layer]]) -> None:
         self.algorithm, self.optimizer = algorithm, optimizer
-        self.wrappers = list(wrappers or [])
-        transforms = list(transforms or [])
-        given = self.wrappers + transforms
-        where = dict(zip(map(id, given), where or [f"layers[{i}]" for i in range(len(given))]))
-        self.transforms = [t for t in transforms if not t.traits.transport] + \
-            [t for t in transforms if t.traits.transport]
-        self.layers = self.wrappers + self.transforms  # client order
-        kinds = [type(layer) for layer in self.layers]
+        ordered = [e for e in given if not e[2].traits.transport] + \
+            [e for e in given if e[2].traits.transport]  # a transport (SecAgg) runs last
+        #: config key, kind and layer of each, in client order
+        self.where = [w for w, _, _ in ordered]
+        self.kinds = [k for _, k, _ in ordered]
+        self.layers = [layer for _, _, layer in ordered]
+        self.wrappers = [x for k, x in zip(self.kinds, self.layers) if k == "wrapper"]
+        self.transforms = [x for k, x in zip(self.kinds, self.layers) if k == "transform"]
+        types = [type(layer) for layer in self.layers]
         #: where each layer is configured, said in its errors when its class is there twice
-        self._at = [f" at {where[id(layer)]}" if kinds.count(type(layer)) > 1 else ""
-                    for layer in self.layers]
+        self._at = [f" at {w}" if types.count(type(layer)) > 1 else ""
+                    for w, layer in zip(self.where, self.layers)]
         self.needs_updates = any(layer.traits.needs_updates for layer in self.layers)
         #: the layer that privatises the upload (DP), or None
         self.privatiser = next((layer for layer in self.layers if layer.traits.privatises),
@@ -437,11 +455,15 @@ class Stack:
         return f"{name_of(self.layers[i], method)}{self._at[i]}"
 
     def _slots(self, state: ServerState) -> list:
-        return list(state.wrappers) + list(state.transforms)
+        """The state's layer slots in client order (the tree keeps the wrappers' and the
+        transforms' apart, as rayfl 0.1 and 0.2 checkpoints do)."""
+        own = {"wrapper": iter(state.wrappers), "transform": iter(state.transforms)}
+        return [next(own[k], None) for k in self.kinds]
 
     def _split(self, slots: list) -> tuple[tuple, tuple]:
-        n = len(self.wrappers)
-        return tuple(slots[:n]), tuple(slots[n:])
+        """(the wrappers' slots, the transforms' slots) of slots in client order."""
+        return tuple(s for s, k in zip(slots, self.kinds) if k == "wrapper"), \
+            tuple(s for s, k in zip(slots, self.kinds) if k == "transform")
 
     # ----- server ------------------------------------------------------------------------
     def init(self, x0: Vec, buffers: Vec | None = None) -> ServerState:

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from ray import cloudpickle
 
-from rayfl import registry, rng
+from rayfl import layer_list, registry, rng
 from rayfl.availability import run_sampler
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
@@ -52,7 +52,6 @@ from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 from rayfl.runtime.executors import Hosting, InProcessExecutor
 from rayfl.runtime.loop import RoundLoop, merge
 from rayfl.schema import ConfigError
-from rayfl.transforms import user_classes
 
 
 def user_components(cfg) -> dict[str, bool]:
@@ -63,9 +62,9 @@ def user_components(cfg) -> dict[str, bool]:
         return not registry.is_builtin(section.KIND, section.component_name)
 
     return {"sampling": mine(cfg.availability) or mine(cfg.selection),
-            "training": any(map(mine, (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data,
+            "training": any(map(mine, (cfg.algorithm, cfg.model, cfg.data,
                                        *[s for s in (cfg.server_opt,) if s is not None])))
-            or bool(user_classes(cfg))}
+            or bool(layer_list.user_classes(cfg))}
 
 
 def run(cfg, handle, stack, executor) -> None:
@@ -169,8 +168,7 @@ def _sections(cfg) -> list[tuple[str, object]]:
     """(key, section) of every config section naming one of the user's components."""
     named = [("algorithm.name", cfg.algorithm), ("model.name", cfg.model),
              ("data.dataset", cfg.data), ("availability.model", cfg.availability),
-             ("selection.name", cfg.selection), ("server_opt.name", cfg.server_opt),
-             *((f"wrappers[{i}].name", w) for i, w in enumerate(cfg.wrappers))]
+             ("selection.name", cfg.selection), ("server_opt.name", cfg.server_opt)]
     return [(key, s) for key, s in named
             if s is not None and not registry.is_builtin(s.KIND, s.component_name)]
 
@@ -179,16 +177,12 @@ def _sendable(cfg, stack) -> None:
     """Ray sends the config (its sections carry the user's components) and the built layers
     to its workers: each of the user's must pickle, or a ConfigError names its key before
     the run directory exists (not a failure inside Ray after it)."""
-    built = {"algorithm.name": stack.algorithm, "server_opt.name": stack.optimizer,
-             **{f"wrappers[{i}].name": w for i, w in enumerate(stack.wrappers)}}
+    built = {"algorithm.name": stack.algorithm, "server_opt.name": stack.optimizer}
     objects = [(key, s.component_name, (("", s), (" once built", built.get(key))))
                for key, s in _sections(cfg)]
-    mine = [(i, e["name"]) for i, e in enumerate(cfg.aggregation.transforms)
-            if not registry.is_builtin("transform", e["name"])]
-    theirs = user_classes(cfg)
-    layers = [t for t in stack.transforms if type(t) in theirs]  # in entry order
-    objects += [(f"aggregation.transforms[{i}].name", name, ((" once built", layer),))
-                for (i, name), layer in zip(mine, layers)]
+    layers = dict(zip(stack.where, stack.layers))
+    objects += [(f"{e.where}.name", e.name, (("", e.cls), (" once built", layers[e.where])))
+                for e in layer_list.entries(cfg) if not e.builtin]
     for key, name, forms in objects:
         for what, obj in forms:
             try:

@@ -3,9 +3,9 @@ Python.
 
 Nine kinds of component are named in a config: ``algorithm.name``, ``model.name``,
 ``data.dataset``, ``availability.model``, ``selection.name``, ``server_opt.name``,
-``runtime.executor``, each ``wrappers`` entry's ``name`` and each ``aggregation.transforms``
-entry's ``name``. Each accepts a built-in name (the tables below:
-adding a built-in is one module plus one line here), a ``package.module:Name`` reference
+``runtime.executor`` and each ``layers`` entry's ``name`` (a server wrapper or an aggregation
+transform; the older spelling: ``wrappers`` and ``aggregation.transforms``). Each accepts a
+built-in name (the tables below: adding a built-in is one module plus one line here), a ``package.module:Name`` reference
 importable from the working directory or ``PYTHONPATH``, or a name given to
 :func:`register` (``rayfl.register_algorithm(MyAlgo)``, also usable as a decorator).
 
@@ -41,8 +41,8 @@ from rayfl.version import PACKAGE_DIR
 #: kind -> the config key that names it
 KEYS = {"algorithm": "algorithm.name", "model": "model.name", "dataset": "data.dataset",
         "availability": "availability.model", "selector": "selection.name",
-        "wrapper": "wrappers[].name", "server_opt": "server_opt.name",
-        "executor": "runtime.executor", "transform": "aggregation.transforms[].name"}
+        "wrapper": "layers[].name", "server_opt": "server_opt.name",
+        "executor": "runtime.executor", "transform": "layers[].name"}
 
 #: kind -> built-in name -> "module:attribute" (or "module": the module itself is the component)
 BUILTINS: dict[str, dict[str, str]] = {
@@ -200,6 +200,8 @@ def resolve(kind: str, name: str) -> Any:
     """The component ``name`` of ``kind``; a :class:`ConfigError` on its config key otherwise
     (a class that does not subclass its kind's base included)."""
     _check_kind(kind)
+    if not isinstance(name, str):
+        raise ConfigError(KEYS[kind], name, expected(kind))
     if name in BUILTINS[kind] and name not in _REGISTERED[kind]:
         return _import_attr(BUILTINS[kind][name])
     obj = _REGISTERED[kind][name] if name in _REGISTERED[kind] else _import_user(kind, name)
@@ -211,9 +213,39 @@ def resolve(kind: str, name: str) -> Any:
     return obj
 
 
-def _import_user(kind: str, name: str) -> Any:
-    """The object a ``package.module:Name`` reference names."""
-    key = KEYS[kind]
+#: the kinds a ``layers`` entry may name, innermost-first order of the run's stack
+LAYER_KINDS = ("wrapper", "transform")
+
+
+def resolve_layer(name: str, key: str = "layers[].name") -> tuple[str, Any]:
+    """(kind, class) of what a ``layers`` entry names: a server wrapper or an aggregation
+    transform, a built-in or registered name of either kind or a ``package.module:Name``
+    subclassing either base (a ConfigError on ``key`` otherwise)."""
+    if not isinstance(name, str):
+        raise ConfigError(key, name, "the name of a server wrapper or an aggregation transform")
+    kinds = [k for k in LAYER_KINDS if name in BUILTINS[k] or name in _REGISTERED[k]]
+    if len(kinds) > 1:
+        raise ConfigError(key, name, "a name registered as one kind (it names a wrapper and a "
+                                     "transform; give the class as package.module:Name)")
+    if kinds:
+        return kinds[0], resolve(kinds[0], name)
+    if not isinstance(name, str) or ":" not in name:
+        raise ConfigError(key, name, "a server wrapper or an aggregation transform: one of "
+                                     + ", ".join(names("wrapper") + names("transform"))
+                                     + ", or a package.module:Name reference")
+    obj = _import_user("wrapper", name, key)
+    for kind in LAYER_KINDS:
+        base = _import_attr(BASES[kind])
+        if isinstance(obj, type) and issubclass(obj, base):
+            return kind, obj
+    raise ConfigError(key, name, "a subclass of rayfl.algorithms.wrapper.ServerWrapper or of "
+                                 f"rayfl.transforms.base.Transform (got {obj!r})")
+
+
+def _import_user(kind: str, name: str, key: str | None = None) -> Any:
+    """The object a ``package.module:Name`` reference names (errors on ``key``, default the
+    kind's own config key)."""
+    key = key or KEYS[kind]
     if not isinstance(name, str) or ":" not in name:
         raise ConfigError(key, name, expected(kind))
     try:

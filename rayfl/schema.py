@@ -67,8 +67,8 @@ def _describe(tp: Any) -> str:
         own = [f.name for f in fields if not f.metadata.get("flatten")]
         theirs = ", and the named component's keys" if len(own) < len(fields) else ""
         return f"a mapping with keys {', '.join(own)}{theirs}"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(
-        tp, str(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            dict: "a mapping"}.get(tp, str(tp))
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:

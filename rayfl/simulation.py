@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 
-from rayfl import assemble, compat, failures, registry, rundir
+from rayfl import assemble, compat, failures, layer_list, registry, rundir
 from rayfl import config as config_mod
 from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
@@ -41,7 +41,6 @@ from rayfl.runtime.executors import ActorsLost
 from rayfl.runtime.placement import on_driver_node
 from rayfl.runtime.server import Server, ServerActor
 from rayfl.runtime.storage import StorageError
-from rayfl.transforms import check_data
 
 
 @dataclass
@@ -311,7 +310,7 @@ def preflight(cfg: Config, run_dir: str | None = None) -> Parts:
         model = check_fits(cfg.model, handle)
         compat.check_model(cfg, model)
         check_model(cfg, model, handle)
-        check_data(cfg, handle)
+        layer_list.check_data(cfg, handle)
         check_regime(cfg.data, handle)
         check_single_rows(model, handle, cfg.local.batch_size)
         check_files(cfg.availability, handle.num_clients)

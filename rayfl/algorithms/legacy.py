@@ -10,7 +10,9 @@ anything starts (docs/howto/algorithm.md, "From rayfl 0.1").
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Iterator
+
+from rayfl import registry
 
 from rayfl.algorithms.base import Algorithm
 from rayfl.algorithms.wrapper import ServerWrapper
@@ -68,7 +70,7 @@ def _arity(fn: Any) -> int:
 
 
 def check(cfg: Any) -> None:
-    """ConfigError on ``algorithm.name`` or ``wrappers[i].name`` when the component is written
+    """ConfigError on ``algorithm.name`` or a wrapper's ``name`` when the component is written
     against rayfl 0.1's interface, naming the first 0.1 name and its replacement."""
     cls = cfg.algorithm.component()
     if isinstance(cls, type) and issubclass(cls, Algorithm):
@@ -82,11 +84,20 @@ def check(cfg: Any) -> None:
             _refuse("algorithm.name", cfg.algorithm.name, ["check_config(params, cfg)"],
                     {"check_config(params, cfg)": "check_config(params, cfg, where), its keys "
                                                   "named f'{where}.KEY'"})
-    for i, entry in enumerate(cfg.wrappers):
-        wcls = entry.component()
+    for where, name, wcls in _wrappers(cfg):
         if isinstance(wcls, type) and issubclass(wcls, ServerWrapper):
-            _refuse(f"wrappers[{i}].name", entry.name,
-                    _old_names(wcls, WRAPPER, ServerWrapper), WRAPPER)
+            _refuse(f"{where}.name", name, _old_names(wcls, WRAPPER, ServerWrapper), WRAPPER)
+
+
+def _wrappers(cfg: Any) -> Iterator[tuple[str, str, Any]]:
+    """(where, name, class) of each configured server wrapper, in either spelling."""
+    if not cfg.layers:
+        for i, entry in enumerate(cfg.wrappers):
+            yield f"wrappers[{i}]", entry.name, entry.component()
+    for i, entry in enumerate(cfg.layers):
+        kind, cls = registry.resolve_layer(entry.get("name"), f"layers[{i}].name")
+        if kind == "wrapper":
+            yield f"layers[{i}]", entry["name"], cls
 
 
 def _refuse(key: str, value: str, names: list[str], table: dict[str, str]) -> None:

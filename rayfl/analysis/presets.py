@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rayfl import layer_list
 from rayfl.algorithms.wrapper import label
 from rayfl.schema import ConfigError
 
@@ -22,7 +23,8 @@ def _fma(run, t: int) -> Model:
 
 
 def _deployed(run, t: int) -> Model:
-    return f"{label(run.cfg.algorithm, run.cfg.wrappers)} r{t}", run.load("global", t)
+    return f"{label(run.cfg.algorithm, layer_list.wrappers(run.cfg))} r{t}", \
+        run.load("global", t)
 
 
 def interpolation(run, preset: str) -> tuple[str, Model, Model]:
@@ -35,10 +37,11 @@ def interpolation(run, preset: str) -> tuple[str, Model, Model]:
         preset = "wrapper" if run.fma_name(t) != "global" else "rounds"
     if preset == "wrapper":
         if run.fma_name(t) == "global":
-            raise ConfigError("wrappers", [e.name for e in run.cfg.wrappers],
+            key = "layers" if run.cfg.layers else "wrappers"
+            raise ConfigError(key, [e.name for e in layer_list.wrappers(run.cfg)],
                               f"a wrapper that keeps its inner model (IMA: ima_inner.npy from "
                               f"its start on) active at the last kept round {t}; rerun with "
-                              "wrappers=[ima] and keep.last=1")
+                              f"{key}=[ima] and keep.last=1")
         return "wrapper", _deployed(run, t), _fma(run, t)
     kept = run.need_rounds(2, "`rayfl analyze interpolate --preset rounds`")
     return "rounds", _fma(run, kept[-1]), _fma(run, kept[-2])

@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 
 from rayfl import config as config_mod
-from rayfl.algorithms.wrapper import wrapper_classes
+from rayfl import layer_list
 from rayfl.data import prepare
 from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
@@ -78,10 +78,10 @@ class RunDir:
 
     @cached_property
     def inner_model(self) -> str | None:
-        """The kept model holding the output inside the outermost server wrapper that keeps
-        one (its ``inner_model``: IMA's ``ima_inner``); None without such a wrapper."""
-        names = [cls.traits.inner_model for _, cls, _ in wrapper_classes(self.cfg)
-                 if cls.traits.inner_model]
+        """The kept model holding the output inside the outermost layer that keeps one (its
+        ``inner_model``: IMA's ``ima_inner``); None without such a layer."""
+        names = [e.cls.traits.inner_model for e in layer_list.entries(self.cfg)
+                 if e.cls.traits.inner_model]
         return names[-1] if names else None
 
     def fma_name(self, t: int) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import ray
 
+from rayfl import layer_list
 from rayfl.algorithms import wrapper
 from rayfl.availability.empty import is_empty
 from rayfl.availability.plots import plot_online
@@ -127,7 +128,7 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray, final_round: int) 
     return {
         **dp,
         "name": cfg.name,
-        "algorithm": wrapper.label(cfg.algorithm, cfg.wrappers),
+        "algorithm": wrapper.label(cfg.algorithm, layer_list.wrappers(cfg)),
         "rounds": len(rows),
         "final_accuracy": accs[-1] if accs else None,
         f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))

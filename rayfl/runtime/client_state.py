@@ -50,13 +50,13 @@ def _legacy(named: dict[str, Any], stack: Any) -> ClientState:
     after no other layer then), the buffers ``_model_buffers``."""
     algorithm: dict = {}
     layers: list[dict] = [{} for _ in stack.layers]
-    first = len(stack.wrappers)
+    transforms = [i for i, kind in enumerate(stack.kinds) if kind == "transform"]
     for key, value in named.items():
         if key == _LEGACY_BUFFERS:
             continue
         if key.startswith(_LEGACY_TRANSFORM):
             index, _, name = key[len(_LEGACY_TRANSFORM):].partition("_")
-            layers[first + int(index)][name] = value
+            layers[transforms[int(index)]][name] = value
         else:
             algorithm[key] = value
     return ClientState(algorithm or None, tuple(s or None for s in layers),

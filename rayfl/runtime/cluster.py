@@ -16,9 +16,8 @@ import socket
 
 import ray
 
-from rayfl import registry
+from rayfl import layer_list, registry
 from rayfl.schema import ConfigError
-from rayfl.transforms import user_classes
 
 KERNELS = "ATEN_CPU_CAPABILITY"  # PyTorch's CPU kernel set, read when a process imports torch
 
@@ -29,12 +28,11 @@ class RayStartError(RuntimeError):
 
 
 def components(cfg) -> list:
-    """The config's algorithm, wrappers, aggregation transforms, model, dataset, availability
-    model and selector that are not built-ins."""
-    sections = (cfg.algorithm, *cfg.wrappers, cfg.model, cfg.data, cfg.availability,
-                cfg.selection)
+    """The config's algorithm, layers, model, dataset, availability model and selector that are
+    not built-ins."""
+    sections = (cfg.algorithm, cfg.model, cfg.data, cfg.availability, cfg.selection)
     return [s.component() for s in sections
-            if not registry.is_builtin(s.KIND, s.component_name)] + user_classes(cfg)
+            if not registry.is_builtin(s.KIND, s.component_name)] + layer_list.user_classes(cfg)
 
 
 def runtime_env(cfg) -> dict:

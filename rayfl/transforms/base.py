@@ -13,8 +13,8 @@ from rayfl.layers import ClientContext, Layer, LayerTraits
 
 
 class Transform(Layer):
-    """A layer of ``aggregation.transforms``: identity by default; a step without per-client
-    state or broadcast values overrides :meth:`client`."""
+    """A transform in ``layers`` (``aggregation.transforms``): identity by default; a step
+    without per-client state or broadcast values overrides :meth:`client`."""
 
     def client(self, delta: Vec, t: int, client: int) -> Vec:
         """Client ``client``'s upload Δ_i of round ``t`` as it is summed."""
