@@ -70,7 +70,8 @@ class Config:
     aggregation: AggregationConfig = field(factory=AggregationConfig)
     privacy: Optional[PrivacyConfig] = field(
         None, doc="user-level differential privacy (DP-FedAvg, DP-FTRL or banded MF); ε per "
-                  "round in metrics.parquet")
+                  "round in metrics.parquet; the layer {name: privacy, <keys>} written last in "
+                  "`layers` is this section (its keys named layers[i].KEY in errors)")
     compression: Optional[CompressionConfig] = field(
         None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
                   "upload_bytes per round, and the virtual clock's upload time; {method: M, "
@@ -104,6 +105,16 @@ def from_dict(raw: dict) -> Config:
     for key in ("layers", "wrappers"):  # `layers: [ima]` is `[{name: ima}]`
         if isinstance(raw.get(key), list):
             raw = {**raw, key: [{"name": e} if isinstance(e, str) else e for e in raw[key]]}
+    raw, where = layer_list.privacy_preset(raw)
+    try:
+        return _validated(raw)
+    except ConfigError as e:  # a key of the privacy layer: named where it was written
+        if where is None or not (e.key == "privacy" or e.key.startswith("privacy.")):
+            raise
+        raise ConfigError(where + e.key[len("privacy"):], e.value, e.expected) from None
+
+
+def _validated(raw: dict) -> Config:
     check_given(raw.get("privacy"))
     cfg = schema.build(Config, raw)
     legacy.check(cfg)  # a component of rayfl 0.1's interface: what to change
@@ -182,8 +193,11 @@ def _respelled(raw: dict, key: str) -> str:
     """A key into an entry of one spelling of the layer list, in the spelling ``raw`` uses: on a
     config writing ``layers``, ``wrappers.ima.window`` (a tuner preset's key) is
     ``layers.ima.window``; on one writing the older lists, ``layers.ima.window`` is the key of
-    the older list holding an ``ima`` entry."""
+    the older list holding an ``ima`` entry; ``privacy.KEY`` is ``layers.privacy.KEY`` on one
+    writing the privacy section as its last layer."""
     older = ("wrappers", "aggregation.transforms")
+    if key.startswith("privacy.") and get_key(raw, "layers.privacy") is not None:
+        return "layers." + key
     if raw.get("layers"):
         for prefix in older:
             if key.startswith(prefix + ".") and key.count(".") > prefix.count(".") + 1:

@@ -119,6 +119,9 @@ Client halves run in list order inside the worker, then the `compression` step, 
 order on the round's sum, then the algorithm's update, then each layer's `after` on the new
 model, innermost first. The older spelling, `wrappers: [A]` with `aggregation.transforms: [B]`,
 is `layers: [A, B]` (the wrappers inside every transform); one config uses one spelling.
+The two sections are presets of the list: `compression: {method: M, <keys>}` is the layer
+`{name: M, <keys>}` after the list, and `{name: privacy, <privacy keys>}` written last in the
+list is the `privacy` section (a config gives one or the other).
 Every step reports the bytes a client uploads for its update (`upload_bytes` per round in
 metrics.parquet, an algorithm's extra payload not counted; the virtual clock times the upload
 at that size). Error-feedback residuals are client state in the state store (checkpointed,

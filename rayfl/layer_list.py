@@ -26,6 +26,8 @@ from rayfl.transforms import entry_params
 from rayfl.transforms.compress import entry_of
 from rayfl.transforms.dp import GaussianDP
 
+#: the name of the ``layers`` entry that is the ``privacy`` section
+PRIVACY = "privacy"
 #: the config keys of the older spelling, and what it became
 OLDER = ("wrappers", "aggregation.transforms")
 BECAME = ("`layers` holds the wrappers and the transforms in one list, innermost first: "
@@ -45,6 +47,29 @@ class Entry:
     @property
     def builtin(self) -> bool:
         return registry.is_builtin(self.kind, self.name)
+
+
+def privacy_preset(raw: dict) -> tuple[dict, str | None]:
+    """A plain config with its ``layers`` entry ``{name: privacy, <keys>}`` moved to the
+    ``privacy`` section it is, and that entry's key (None when it has none). The mechanism is
+    the outermost layer, so the entry is written last; one privacy section at most."""
+    layers = raw.get("layers")
+    if not isinstance(layers, list):
+        return raw, None
+    at = [i for i, e in enumerate(layers) if isinstance(e, dict) and e.get("name") == PRIVACY]
+    if not at:
+        return raw, None
+    where = f"layers[{at[0]}]"
+    if at != [len(layers) - 1]:
+        raise ConfigError(f"{where}.name", PRIVACY, "the last entry (the privacy mechanism is "
+                          "the outermost layer: its clipping sees every other client half's "
+                          "upload, its noise is on the sum before any other server half)")
+    if raw.get("privacy") is not None:
+        raise ConfigError(f"{where}.name", PRIVACY, "one privacy mechanism (the privacy "
+                          "section is given too; this entry is that section written as the "
+                          "last layer)")
+    section = {k: v for k, v in layers[-1].items() if k != "name"}
+    return {**raw, "layers": layers[:-1], "privacy": section}, where
 
 
 def entries(cfg) -> list[Entry]:

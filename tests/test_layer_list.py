@@ -190,3 +190,42 @@ def test_the_compression_section_is_its_layer_written_last(tiny):
     dense = _run(tiny, f"layers=[{IMA}]", "name=dense")
     uploads = [r.metrics.column("upload_bytes").to_pylist() for r in (section, layer, dense)]
     assert uploads[0] == uploads[1] and uploads[0][0] < uploads[2][0]
+
+
+DP = "noise_multiplier: 0.5, clip_norm: 0.1"
+
+
+def test_the_privacy_layer_written_last_is_the_privacy_section(tiny):
+    """Same model, same ε per round, the same config recorded."""
+    section = _run(tiny, f"privacy={{{DP}}}", f"layers=[{CLIP}]", "name=section")
+    layer = _run(tiny, f"layers=[{CLIP}, {{name: privacy, {DP}}}]", "name=layer")
+    assert section.summary["model_sha256"] == layer.summary["model_sha256"]
+    eps = [r.metrics.column("dp_epsilon").to_pylist() for r in (section, layer)]
+    assert eps[0] == eps[1] and eps[0][-1] > 0
+    recorded = [rayfl.load_config(os.path.join(r.run_dir, "config.yaml")) for r in (section,
+                                                                                   layer)]
+    assert config_mod.to_dict(recorded[0]) | {"name": "x"} == \
+        config_mod.to_dict(recorded[1]) | {"name": "x"}
+
+
+@pytest.mark.parametrize("raw, key, says", [
+    ({"layers": [{"name": "privacy", "noise_multiplier": -1.0}]}, "layers[0].noise_multiplier",
+     "a value in"),
+    ({"layers": ["clip", {"name": "privacy", "clip_norm": 1.0, "delta": 2.0}]}, "layers[1].delta",
+     "a value in"),
+    ({"layers": [{"name": "privacy"}, "clip"]}, "layers[0].name", "the last entry"),
+    ({"layers": ["privacy"], "privacy": {"noise_multiplier": 1.0}}, "layers[0].name",
+     "one privacy mechanism"),
+])
+def test_a_bad_privacy_layer_is_named_where_it_is_written(raw, key, says):
+    with pytest.raises(ConfigError) as e:
+        config_mod.from_dict(raw)
+    assert e.value.key == key and says in str(e.value)
+
+
+def test_a_privacy_key_sets_the_privacy_layer_of_a_config_writing_one():
+    raw = {"layers": ["clip", {"name": "privacy", "noise_multiplier": 1.0}]}
+    after = config_mod.apply_overrides(raw, ["privacy.noise_multiplier=2", "privacy.delta=1e-6"])
+    assert after == {"layers": ["clip", {"name": "privacy", "noise_multiplier": 2,
+                                         "delta": 1e-6}]}
+    assert config_mod.from_dict(after).privacy.noise_multiplier == 2
