@@ -356,7 +356,7 @@ def _robust(run: Run) -> str:
 def run_of(cfg, buffers: bool = False) -> Run:
     """The facts the rules read of a validated config."""
     cls = cfg.algorithm.component()
-    return Run(cfg, cls, cls.traits, tuple(layer_list.entries(cfg)), buffers)
+    return Run(cfg, cls, cls.traits, tuple(cfg.layer_entries()), buffers)
 
 
 def check(cfg) -> None:

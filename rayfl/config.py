@@ -87,6 +87,11 @@ class Config:
     keep: KeepConfig = field(factory=KeepConfig)
     loggers: LoggersConfig = field(factory=LoggersConfig)
 
+    def layer_entries(self) -> list[layer_list.Entry]:
+        """The run's layers, innermost first (:func:`rayfl.layer_list.entries_of`)."""
+        return layer_list.entries_of(self.layers, self.wrappers, self.aggregation.transforms,
+                                     self.compression)
+
     def check(self, prefix: str) -> None:
         if not NAME_PATTERN.fullmatch(self.name):
             raise ConfigError("name", self.name, "1 to 100 letters, digits, '.', '_', '+' or "

@@ -9,8 +9,8 @@ writes them means the wrappers first, then the transforms, exactly as ``layers: 
 section is one more transform after them and ``privacy`` the outermost layer (its mechanism);
 the stack puts a transport layer (SecAgg) last.
 
-Every reader of the run's layers goes through :func:`entries`: the rule table, the pre-flight,
-the stack's builder, the Ray workers' modules.
+Every reader of the run's layers goes through :func:`entries_of` (``cfg.layer_entries()``): the
+rule table, the pre-flight, the stack's builder, the Ray workers' modules.
 """
 
 from __future__ import annotations
@@ -72,19 +72,20 @@ def privacy_preset(raw: dict) -> tuple[dict, str | None]:
     return {**raw, "layers": layers[:-1], "privacy": section}, where
 
 
-def entries(cfg) -> list[Entry]:
+def entries_of(layers: list[dict], wrappers: list, transforms: list[dict],
+               compression: Any) -> list[Entry]:
     """Every configured layer, innermost first: ``layers`` (or ``wrappers`` then
     ``aggregation.transforms``), then the ``compression`` section's step (a ConfigError naming
-    the entry's key when it is unknown, not a layer or its keys are wrong)."""
-    if cfg.layers:
-        out = [_layer(f"layers[{i}]", e) for i, e in enumerate(cfg.layers)]
+    the entry's key when it is unknown, not a layer or its keys are wrong); a config's own are
+    ``cfg.layer_entries()``."""
+    if layers:
+        out = [_layer(f"layers[{i}]", e) for i, e in enumerate(layers)]
     else:
         out = [Entry(f"wrappers[{i}]", "wrapper", e.name, e.component(), e.params)
-               for i, e in enumerate(cfg.wrappers)]
-        out += [_transform(f"aggregation.transforms[{i}]", e)
-                for i, e in enumerate(cfg.aggregation.transforms)]
-    if cfg.compression is not None:
-        out.append(_transform("compression", entry_of(cfg.compression)))
+               for i, e in enumerate(wrappers)]
+        out += [_transform(f"aggregation.transforms[{i}]", e) for i, e in enumerate(transforms)]
+    if compression is not None:
+        out.append(_transform("compression", entry_of(compression)))
     return out
 
 
@@ -108,20 +109,20 @@ def _transform(where: str, entry: dict) -> Entry:
 
 def wrappers(cfg) -> list[Entry]:
     """The configured server wrappers, innermost first."""
-    return [e for e in entries(cfg) if e.kind == "wrapper"]
+    return [e for e in cfg.layer_entries() if e.kind == "wrapper"]
 
 
 def user_classes(cfg) -> list[type]:
     """The configured layers that are not built-ins (their modules travel to Ray workers; the
     pre-flight runs them on one client)."""
-    return [e.cls for e in entries(cfg) if not e.builtin]
+    return [e.cls for e in cfg.layer_entries() if not e.builtin]
 
 
 def check_run(cfg) -> None:
     """Every wrapper declares itself as a layer does; each layer's own rules on the config hold
     (ComponentError naming its ``check_config`` when that raises); what its traits refuse, and
     the two spellings mixed, are :mod:`rayfl.compat`'s."""
-    for e in entries(cfg):
+    for e in cfg.layer_entries():
         if e.kind == "wrapper":
             problem = declaration_problem(e.cls)  # a ServerWrapper subclass: the registry's
             if problem:
@@ -132,7 +133,7 @@ def check_run(cfg) -> None:
 
 def check_data(cfg, handle) -> None:
     """Every layer's rules on the partition (e.g. label flipping needs class labels)."""
-    for e in entries(cfg):
+    for e in cfg.layer_entries():
         with calling(name_of(e.cls, "check_data")):
             e.cls.check_data(e.params, handle, e.where)
 
@@ -141,7 +142,7 @@ def built(cfg, facts: Facts) -> list[tuple[str, str, Layer]]:
     """(where, kind, layer) of every configured layer, innermost first, DP-FedAvg's mechanism
     outermost when ``privacy`` is set; one that fails while being built is named."""
     out = []
-    for e in entries(cfg):
+    for e in cfg.layer_entries():
         with calling(name_of(e.cls, "__init__")):
             out.append((e.where, e.kind, e.cls(e.params, facts)))
     if cfg.privacy is not None:

@@ -182,7 +182,7 @@ def _sendable(cfg, stack) -> None:
                for key, s in _sections(cfg)]
     layers = dict(zip(stack.where, stack.layers))
     objects += [(f"{e.where}.name", e.name, (("", e.cls), (" once built", layers[e.where])))
-                for e in layer_list.entries(cfg) if not e.builtin]
+                for e in cfg.layer_entries() if not e.builtin]
     for key, name, forms in objects:
         for what, obj in forms:
             try:

@@ -17,7 +17,7 @@ import torch
 
 import rayfl
 from rayfl import config as config_mod
-from rayfl import layer_list, registry
+from rayfl import registry
 from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.assemble import stack
 from rayfl.compare import variant
@@ -119,7 +119,7 @@ def test_a_name_registered_as_a_wrapper_and_as_a_transform_is_refused_as_ambiguo
         with pytest.raises(ConfigError, match="a name registered as one kind"):
             config_mod.from_dict({"layers": ["seen"]})
         cfg = config_mod.from_dict({"wrappers": ["seen"]})  # the older lists say the kind
-        assert [e.cls for e in layer_list.entries(cfg)] == [Seer]
+        assert [e.cls for e in cfg.layer_entries()] == [Seer]
     finally:
         registry.unregister("wrapper", "seen")
         registry.unregister("transform", "seen")
@@ -177,7 +177,7 @@ def test_the_tuner_s_ima_preset_applies_to_a_layers_config():
     for key, spec in space.items():
         raw = config_mod.apply_overrides(raw, [f"{key}={spec['low']}"])
     cfg = config_mod.from_dict(raw)
-    assert [e.name for e in layer_list.entries(cfg)] == ["clip", "ima"]
+    assert [e.name for e in cfg.layer_entries()] == ["clip", "ima"]
 
 
 def test_the_compression_section_is_its_layer_written_last(tiny):

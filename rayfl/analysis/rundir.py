@@ -18,7 +18,6 @@ from functools import cached_property
 import numpy as np
 
 from rayfl import config as config_mod
-from rayfl import layer_list
 from rayfl.data import prepare
 from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
@@ -80,7 +79,7 @@ class RunDir:
     def inner_model(self) -> str | None:
         """The kept model holding the output inside the outermost layer that keeps one (its
         ``inner_model``: IMA's ``ima_inner``); None without such a layer."""
-        names = [e.cls.traits.inner_model for e in layer_list.entries(self.cfg)
+        names = [e.cls.traits.inner_model for e in self.cfg.layer_entries()
                  if e.cls.traits.inner_model]
         return names[-1] if names else None
 
