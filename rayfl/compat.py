@@ -229,7 +229,7 @@ RULES: tuple[Rule, ...] = (
       for key, when, why, value in (
           ("privacy", lambda r: r.cfg.privacy is not None,
            lambda r: "no privacy section (DP-FedAvg privatises the sum, the rule reads single "
-                     "updates)", lambda r: "set"),
+                     "updates)", lambda r: r.cfg.privacy.mechanism),
           (lambda r: r.transport()[0], lambda r: r.transport() is not None,
            lambda r: f"no {r.transport()[1]} step beside it (secure aggregation reveals only "
                      "the sum)", lambda r: r.transport()[1]),

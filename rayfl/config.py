@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import yaml
 
-from rayfl import compat, layer_list, schema, yamlio
+from rayfl import compat, layer_list, registry, schema, yamlio
 from rayfl.algorithms import legacy
 from rayfl.algorithms.base import declaration_problem
 from rayfl.algorithms.config import AlgorithmConfig, ServerOptConfig, WrapperConfig
@@ -59,8 +59,9 @@ class Config:
                           "written: server wrappers (ima) and aggregation transforms (clip, "
                           "qsgd, topk, randk, secagg, median, trimmed_mean, krum, attack, "
                           "identity) in one list, or package.module:Name, e.g. [{name: ima, "
-                          "window: 5}, {name: clip, max_norm: 1.0}]; one entry's key: "
-                          "layers.ima.window=5 (see `rayfl keys --wrapper/--transform`)")
+                          "window: 5}, {name: clip, max_norm: 1.0}] (a bare name is an entry "
+                          "with no keys); one entry's key: layers.ima.window=5, or by index "
+                          "layers.0.window=5 (see `rayfl keys --wrapper/--transform`)")
     wrappers: list[WrapperConfig] = field(
         factory=list, doc="older spelling of `layers` (not mixed with it): server wrappers "
                           "around the algorithm, innermost first, inside every aggregation "
@@ -75,7 +76,8 @@ class Config:
     compression: Optional[CompressionConfig] = field(
         None, doc="compress client updates (qsgd, topk, randk, optional error feedback); "
                   "upload_bytes per round, and the virtual clock's upload time; {method: M, "
-                  "<keys>} is the layer {name: M, <keys>} written last in `layers`")
+                  "<keys>} is the layer {name: M, <keys>} after the `layers` list (before "
+                  "its privacy layer)")
     server_opt: Optional[ServerOptConfig] = field(
         None, doc="replace the algorithm's server step x ← x − η_g D by this optimizer on D "
                   "(fedavg, fedprox, scaffold, feddyn, fedmsi; fedavgm/fedadam/... are presets)")
@@ -107,16 +109,29 @@ def from_dict(raw: dict) -> Config:
     for section in ("algorithm", "selection"):  # `algorithm: scaffold` is `{name: scaffold}`
         if isinstance(raw.get(section), str):
             raw = {**raw, section: {"name": raw[section]}}
-    for key in ("layers", "wrappers"):  # `layers: [ima]` is `[{name: ima}]`
-        if isinstance(raw.get(key), list):
-            raw = {**raw, key: [{"name": e} if isinstance(e, str) else e for e in raw[key]]}
+    raw = {**raw, **_entries_named(raw)}
     raw, where = layer_list.privacy_preset(raw)
     try:
         return _validated(raw)
     except ConfigError as e:  # a key of the privacy layer: named where it was written
         if where is None or not (e.key == "privacy" or e.key.startswith("privacy.")):
             raise
-        raise ConfigError(where + e.key[len("privacy"):], e.value, e.expected) from None
+        raise ConfigError(where + e.key[len("privacy"):], e.value,
+                          e.expected.replace("privacy.", where + ".")) from None
+
+
+def _entries_named(raw: dict) -> dict:
+    """The entry lists of ``raw`` with each bare name an entry: ``layers: [ima]`` is
+    ``[{name: ima}]``."""
+    def named(entries):
+        return [{"name": e} if isinstance(e, str) else e for e in entries]
+
+    out = {key: named(raw[key]) for key in ("layers", "wrappers")
+           if isinstance(raw.get(key), list)}
+    agg = raw.get("aggregation")
+    if isinstance(agg, dict) and isinstance(agg.get("transforms"), list):
+        out["aggregation"] = {**agg, "transforms": named(agg["transforms"])}
+    return out
 
 
 def _validated(raw: dict) -> Config:
@@ -182,8 +197,10 @@ def check_given_once(overrides: list[str]) -> None:
 
 
 def set_key(raw: dict, key: str, value: Any, text: Any = None) -> None:
-    """Set a dotted key in a plain config dict, creating sections (and named list entries)."""
-    key = _respelled(raw, key)
+    """Set a dotted key in a plain config dict, creating sections (and named list entries); in
+    a list of entries a part names an entry, or is its index (``layers.1.max_norm``, also
+    written ``layers[1].max_norm``)."""
+    key = _respelled(raw, re.sub(r"\[(\d+)\]", r".\1", key))
     node: Any = raw
     parts = key.split(".")
     for depth, part in enumerate(parts[:-1]):
@@ -208,10 +225,22 @@ def _respelled(raw: dict, key: str) -> str:
             if key.startswith(prefix + ".") and key.count(".") > prefix.count(".") + 1:
                 return "layers" + key[len(prefix):]
     elif key.startswith("layers.") and key.count(".") > 1:
-        name = key.split(".")[1]
+        name, rest = key.split(".", 2)[1:]
+        lists = [get_key(raw, prefix) or [] for prefix in older]
+        if name.isdigit() and int(name) < len(lists[0]) + len(lists[1]):  # wrappers first
+            i, prefix = int(name), older[0]
+            if i >= len(lists[0]):
+                i, prefix = i - len(lists[0]), older[1]
+            return f"{prefix}.{i}.{rest}"
         for prefix in older:
             if get_key(raw, f"{prefix}.{name}") is not None:
                 return prefix + key[len("layers"):]
+        if any(lists):  # a new entry joins the older list of its kind
+            try:
+                kind, _ = registry.resolve_layer(name)
+            except ConfigError:
+                return key
+            return older[kind == "transform"] + key[len("layers"):]
     return key
 
 
@@ -220,8 +249,9 @@ def get_key(raw: dict, key: str) -> Any:
     node: Any = raw
     for part in _respelled(raw, key).split("."):
         if isinstance(node, list):
-            node = next((e for e in node if e == part
-                         or isinstance(e, dict) and e.get("name") == part), None)
+            named = [e for e in node if e == part or isinstance(e, dict) and e.get("name") == part]
+            node = named[0] if named else node[int(part)] \
+                if part.isdigit() and int(part) < len(node) else None
         elif isinstance(node, dict):
             node = node.get(part)
         else:
@@ -230,21 +260,44 @@ def get_key(raw: dict, key: str) -> Any:
 
 
 def _child(node: Any, part: str, path: str, key: str, text: Any) -> Any:
-    """The section (or named list entry) ``part`` of ``node``, created when absent."""
-    if isinstance(node, list):  # a list of {name: ..., <keys>} entries: the one named part
-        for i, entry in enumerate(node):
-            if entry == part:  # the short form `[ima]`
-                node[i] = {"name": part}
-            if isinstance(node[i], dict) and node[i].get("name") == part:
-                return node[i]
-        node.append({"name": part})
-        return node[-1]
+    """The section (or list entry, by name or index) ``part`` of ``node``, created when
+    absent."""
+    if isinstance(node, list):  # a list of {name: ..., <keys>} entries
+        return _entry(node, part, path.rpartition(".")[0], key, text)
     child = node.get(part)
     if child is None:
         child = node[part] = [] if path in ENTRY_LISTS else {}
     if not isinstance(child, (dict, list)):
         raise ConfigError(key, text, f"'{part}' to be a section, not {child!r}")
     return child
+
+
+def _entry(node: list, part: str, where: str, key: str, text: Any) -> dict:
+    """The entry of the list ``where`` named ``part`` (or at index ``part``), added when absent
+    (inside a trailing privacy layer, which stays last)."""
+    named = [i for i, e in enumerate(node)
+             if e == part or isinstance(e, dict) and e.get("name") == part]
+    if len(named) > 1:
+        raise ConfigError(key, text, f"one entry named {part!r} in {where} (it has {len(named)}, "
+                                     f"at {', '.join(map(str, named))}: name one by its index, "
+                                     f"e.g. {where}.{named[1]}.KEY=VALUE)")
+    if not named and part.isdigit():
+        if int(part) >= len(node):
+            raise ConfigError(key, text, f"an index below {len(node)} (the entries of {where})")
+        named = [int(part)]
+    if not named:
+        last = node[-1] if node else None
+        at = len(node) - (last == layer_list.PRIVACY
+                          or isinstance(last, dict) and last.get("name") == layer_list.PRIVACY)
+        node.insert(at, {"name": part})
+        return node[at]
+    i = named[0]
+    if isinstance(node[i], str):  # the short form `[ima]`
+        node[i] = {"name": node[i]}
+    if not isinstance(node[i], dict):
+        raise ConfigError(key, text, f"{where}[{i}] to be an entry {{name: ..., <keys>}}, not "
+                                     f"{node[i]!r}")
+    return node[i]
 
 
 def _deep_copy(d: Any) -> Any:

@@ -234,12 +234,13 @@ def resolve_layer(name: str, key: str = "layers[].name") -> tuple[str, Any]:
                                      + ", ".join(names("wrapper") + names("transform"))
                                      + ", or a package.module:Name reference")
     obj = _import_user("wrapper", name, key)
-    for kind in LAYER_KINDS:
-        base = _import_attr(BASES[kind])
-        if isinstance(obj, type) and issubclass(obj, base):
-            return kind, obj
-    raise ConfigError(key, name, "a subclass of rayfl.algorithms.wrapper.ServerWrapper or of "
-                                 f"rayfl.transforms.base.Transform (got {obj!r})")
+    kinds = [k for k in LAYER_KINDS
+             if isinstance(obj, type) and issubclass(obj, _import_attr(BASES[k]))]
+    if len(kinds) != 1:
+        raise ConfigError(key, name, "a subclass of rayfl.algorithms.wrapper.ServerWrapper or of "
+                                     "rayfl.transforms.base.Transform (got "
+                                     f"{obj!r}{', a subclass of both' if kinds else ''})")
+    return kinds[0], obj
 
 
 def _import_user(kind: str, name: str, key: str | None = None) -> Any:

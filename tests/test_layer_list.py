@@ -48,6 +48,10 @@ class Halve(Transform):
         return dataclasses.replace(agg, delta_mean=agg.delta_mean * 0.5), slot, {}
 
 
+class Both(ServerWrapper, Transform):
+    """A class of both kinds: which slot it would own is undefined."""
+
+
 def _run(tiny, *overrides):
     return rayfl.run(TINY, tiny + IN_PROCESS + list(overrides), quiet=True)
 
@@ -98,6 +102,7 @@ def test_the_stack_keeps_each_kind_s_slots_where_older_checkpoints_hold_them():
      "a subclass of rayfl.algorithms.wrapper.ServerWrapper or of rayfl.transforms.base."
      "Transform"),
     ({"layers": [{"name": "clip", "max_nrm": 1.0}]}, "layers[0].max_nrm", "did you mean"),
+    ({"layers": [{"name": "tests.test_layer_list:Both"}]}, "layers[0].name", "a subclass of both"),
     ({"layers": [{"name": ["clip"]}]}, "layers[0].name", "the name of a server wrapper"),
     ({"layers": [{"max_norm": 1.0}]}, "layers[0].name", "the name of a server wrapper"),
     ({"layers": ["ima"], "wrappers": ["ima"]}, "layers", "one list: wrappers given too"),
@@ -147,14 +152,40 @@ def test_the_cli_refuses_both_spellings_in_one_line_and_creates_nothing(tmp_path
     ({"wrappers": ["ima"]}, "layers.ima.window=3", {"wrappers": [{"name": "ima", "window": 3}]}),
     ({"aggregation": {"transforms": [{"name": "clip"}]}}, "layers.clip.max_norm=2",
      {"aggregation": {"transforms": [{"name": "clip", "max_norm": 2}]}}),
+    # a new entry joins the older list of its kind, and is kept inside a trailing privacy layer
+    ({"wrappers": ["ima"]}, "layers.clip.max_norm=2",
+     {"wrappers": ["ima"], "aggregation": {"transforms": [{"name": "clip", "max_norm": 2}]}}),
+    ({"aggregation": {"transforms": ["clip"]}}, "layers.ima.window=3",
+     {"aggregation": {"transforms": ["clip"]}, "wrappers": [{"name": "ima", "window": 3}]}),
+    ({"layers": [{"name": "privacy", "clip_norm": 1.0}]}, "layers.clip.max_norm=2",
+     {"layers": [{"name": "clip", "max_norm": 2}, {"name": "privacy", "clip_norm": 1.0}]}),
+    # an entry by its index, in either form; on the older spelling, wrappers count first
+    ({"layers": ["clip", "clip"]}, "layers.1.max_norm=2",
+     {"layers": ["clip", {"name": "clip", "max_norm": 2}]}),
+    ({"layers": ["clip", "clip"]}, "layers[1].max_norm=2",
+     {"layers": ["clip", {"name": "clip", "max_norm": 2}]}),
+    ({"wrappers": ["ima"], "aggregation": {"transforms": ["clip"]}}, "layers.1.max_norm=2",
+     {"wrappers": ["ima"], "aggregation": {"transforms": [{"name": "clip", "max_norm": 2}]}}),
 ])
 def test_an_entry_s_key_is_set_in_the_spelling_the_config_uses(raw, override, after):
     assert config_mod.apply_overrides(raw, [override]) == after
     config_mod.from_dict(after)  # and it is a valid config
 
 
-def test_an_override_adding_the_other_spelling_is_refused_not_merged():
-    raw = config_mod.apply_overrides({"wrappers": ["ima"]}, ["layers.clip.max_norm=2"])
+@pytest.mark.parametrize("raw, override, says", [
+    ({"layers": ["clip", "clip"]}, "layers.clip.max_norm=2",
+     "one entry named 'clip' in layers (it has 2, at 0, 1: name one by its index"),
+    ({"layers": ["clip"]}, "layers.3.max_norm=2", "an index below 1"),
+    ({"layers": ["clip"]}, "layers.clip=2", "a key inside the entry (e.g. layers.clip.KEY"),
+])
+def test_an_override_naming_no_single_entry_is_refused_on_its_key(raw, override, says):
+    with pytest.raises(ConfigError) as e:
+        config_mod.apply_overrides(raw, [override])
+    assert e.value.key == override.split("=")[0] and says in str(e.value)
+
+
+def test_writing_both_spellings_outright_is_refused_not_merged():
+    raw = config_mod.apply_overrides({"wrappers": ["ima"]}, ["layers=[clip]"])
     with pytest.raises(ConfigError, match="one list: wrappers given too"):
         config_mod.from_dict(raw)
 
@@ -213,6 +244,8 @@ def test_the_privacy_layer_written_last_is_the_privacy_section(tiny):
      "a value in"),
     ({"layers": ["clip", {"name": "privacy", "clip_norm": 1.0, "delta": 2.0}]}, "layers[1].delta",
      "a value in"),
+    ({"layers": [{"name": "privacy", "noise_multiplr": 1.0}]}, "layers[0].noise_multiplr",
+     "did you mean 'layers[0].noise_multiplier'"),
     ({"layers": [{"name": "privacy"}, "clip"]}, "layers[0].name", "the last entry"),
     ({"layers": ["privacy"], "privacy": {"noise_multiplier": 1.0}}, "layers[0].name",
      "one privacy mechanism"),
