@@ -55,6 +55,12 @@ def cases() -> dict[str, list[str]]:
     out["krum-attack"] = ["aggregation.transforms=[{name: attack, kind: sign_flip, "
                           "fraction: 0.2}, {name: krum, byzantine: 1}]",
                           "aggregation.weighting=uniform"]
+    # the one layer list, a transform inside a wrapper (an order the older spelling cannot
+    # write), and the privacy section as its last layer
+    out["layers-clip-inside-ima"] = ["layers=[{name: clip, max_norm: 0.5}, "
+                                     "{name: ima, start: 1, window: 2}]"]
+    out["layers-privacy"] = ["layers=[{name: ima, start: 1, window: 2}, {name: privacy, "
+                             "noise_multiplier: 0.5, clip_norm: 0.5}]"]
     out["oort"] = ["selection.name=oort"]
     out["power_of_choice"] = ["selection.name=power_of_choice"]
     out["fedbuff"] = ["aggregation.mode=fedbuff", "aggregation.buffer_size=3"]
