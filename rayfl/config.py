@@ -217,7 +217,7 @@ def _respelled(raw: dict, key: str) -> str:
     ``layers.ima.window``; on one writing the older lists, ``layers.ima.window`` is the key of
     the older list holding an ``ima`` entry; ``privacy.KEY`` is ``layers.privacy.KEY`` on one
     writing the privacy section as its last layer."""
-    older = ("wrappers", "aggregation.transforms")
+    older = layer_list.OLDER
     if key.startswith("privacy.") and get_key(raw, "layers.privacy") is not None:
         return "layers." + key
     if raw.get("layers"):
@@ -249,8 +249,8 @@ def get_key(raw: dict, key: str) -> Any:
     node: Any = raw
     for part in _respelled(raw, key).split("."):
         if isinstance(node, list):
-            named = [e for e in node if e == part or isinstance(e, dict) and e.get("name") == part]
-            node = named[0] if named else node[int(part)] \
+            named = _named(node, part)
+            node = node[named[0]] if named else node[int(part)] \
                 if part.isdigit() and int(part) < len(node) else None
         elif isinstance(node, dict):
             node = node.get(part)
@@ -272,11 +272,16 @@ def _child(node: Any, part: str, path: str, key: str, text: Any) -> Any:
     return child
 
 
+def _named(entries: list, name: str) -> list[int]:
+    """The indexes of the entries named ``name`` (``{name: ..}`` or the bare name)."""
+    return [i for i, e in enumerate(entries)
+            if e == name or isinstance(e, dict) and e.get("name") == name]
+
+
 def _entry(node: list, part: str, where: str, key: str, text: Any) -> dict:
     """The entry of the list ``where`` named ``part`` (or at index ``part``), added when absent
     (inside a trailing privacy layer, which stays last)."""
-    named = [i for i, e in enumerate(node)
-             if e == part or isinstance(e, dict) and e.get("name") == part]
+    named = _named(node, part)
     if len(named) > 1:
         raise ConfigError(key, text, f"one entry named {part!r} in {where} (it has {len(named)}, "
                                      f"at {', '.join(map(str, named))}: name one by its index, "

@@ -92,8 +92,6 @@ def entries_of(layers: list[dict], wrappers: list, transforms: list[dict],
 def _layer(where: str, entry: dict) -> Entry:
     name = entry.get("name")
     kind, cls = registry.resolve_layer(name, f"{where}.name")
-    if kind == "transform":
-        return _transform(where, entry)
     problem = declaration_problem(cls) or registry.params_problem(cls)
     if problem:
         raise ConfigError(f"{where}.name", name, problem)
