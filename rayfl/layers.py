@@ -33,10 +33,10 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 import torch
 
-from rayfl.algorithms.base import Aggregate, Algorithm, ServerRound, Vec, built_as
+from rayfl.algorithms.base import Aggregate, Algorithm, Collected, ServerRound, Vec, built_as
 from rayfl.algorithms.server_opt import ServerOpt
-from rayfl.contract import (Lent, Trail, calling, describe, expect, name_of, no_new_non_finite,
-                            returned, returned_metrics, returned_vector)
+from rayfl.contract import (ComponentError, Lent, Trail, calling, describe, expect, name_of,
+                            no_new_non_finite, returned, returned_metrics, returned_vector)
 from rayfl.metrics.columns import written_by_runtime
 from rayfl.runtime.checkpoint_file import unencodable_tree
 from rayfl.schema import NoParams
@@ -79,6 +79,10 @@ class LayerTraits:
     #: its client half's payload keys that carry no client data (chosen by the seed, not
     #: the data): allowed beside a privatising layer
     public_reports: tuple[str, ...] = ()
+    #: why an algorithm's :class:`~rayfl.algorithms.base.Upload` entries are refused beside
+    #: it (None: its halves act on them as on the upload; a layer that reads every upload at
+    #: once refuses them unless it says otherwise)
+    uploads: str | None = None
 
 
 @dataclass
@@ -318,6 +322,13 @@ def legacy_slot(template: Any, flat: dict) -> Any:
 
 
 # ----- payloads -----------------------------------------------------------------------------
+def summed_uploads(extras: dict, uploaded) -> list[str]:
+    """The keys of ``uploaded`` (an aggregate's Upload entries) that are summed, not collected
+    row by row: a privatising layer noises them with the update's sum (inside its account) and
+    SecAgg decodes them with it."""
+    return [k for k in uploaded if not isinstance(extras.get(k), Collected)]
+
+
 def add(a: Any, b: Any) -> Any:
     """``a + b`` for summed payload values (a None sum starts from a copy of ``b``)."""
     if a is None:
@@ -546,7 +557,9 @@ class Stack:
         algorithm's update with the server optimiser, the layers' halves on the way out;
         returns (state, the aggregate as the algorithm saw it, metrics)."""
         self.payload_sums(sums, t)
-        self.check_reports(agg.extras, sums, t)
+        noised = summed_uploads(agg.extras, agg.uploaded)
+        self.check_uploads(agg.uploaded, [k for k in agg.uploaded if k not in noised], t)
+        self.check_reports([k for k in agg.extras if k not in noised], sums, t)
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics, owners = self._slots(state), {}, {}
@@ -612,6 +625,24 @@ class Stack:
                  for i, (layer, own) in enumerate(zip(self.layers, sums)) if layer is not guard
                  for key in own if key not in layer.traits.public_reports]
         guard.check_reports(sent, t)
+
+    def check_uploads(self, uploaded, rows: list[str], t: int | None) -> None:
+        """Refuse the algorithm's :class:`~rayfl.algorithms.base.Upload` entries a layer cannot
+        carry (a ComponentError naming ``client_train``): any, beside a layer whose traits say
+        why (a robust rule: it replaces the mean of the uploads only); those collected row by
+        row (``rows``), beside a layer that hides or privatises all but the sum (SecAgg, DP)."""
+        for i, layer in enumerate(self.layers):
+            own = layer.traits
+            refused, why = uploaded, own.uploads or (
+                "it replaces the round's mean update by a statistic of the model's uploads and "
+                "would sum these unprotected" if own.needs_updates else None)
+            if why is None and (own.transport or own.privatises):
+                refused, why = rows, ("the server reads an Upload(rows=True) entry client by "
+                                      "client, and this layer reveals only the round's sum")
+            if why and refused:
+                raise ComponentError(name_of(self.algorithm, "client_train"),
+                                     f"sent {', '.join(map(repr, refused))} as Upload payload "
+                                     f"beside {self.name(i, 'aggregate')}: {why}", t)
 
     def deployed(self, state: ServerState, t: int | None = None) -> Vec:
         """The model evaluated, reported and saved (after round ``t``, named in an error)."""

@@ -20,6 +20,7 @@ FINETUNE = 0xF17E  # a client's fine-tuning minibatches in the per-client evalua
 # ----- aggregation transforms --------------------------------------------------------------------
 DP_NOISE = 0xD9  # DP-FedAvg's noise on the round's sum
 DP_COUNT = 0xDA  # adaptive clipping's noise on the unclipped count
+DP_UPLOAD_NOISE = 0xDB  # DP-FedAvg's noise on the sums of an algorithm's Upload entries
 TREE_NODES = 0xF7  # DP-FTRL's node noises (key: seed, TREE_NODES, tree, level, index)
 BAND_NOISE = 0xF8  # banded MF's Z_t (key: seed, BAND_NOISE, t)
 SECAGG_ROUNDING = 0x5A  # SecAgg's randomised rounding to the field

@@ -24,8 +24,9 @@ transforms sit around it, each with its own slot of the state. Each round ``t`` 
 ``State``), or None when it keeps none; checkpoints, resume and fork store and check it by its
 structure. What the algorithm is and what it refuses is one :class:`Traits` record, read by the
 compatibility rules (:mod:`rayfl.compat`). Every payload value is *summed* over the round's
-completed clients (or collected row by row: :class:`Rows`): an algorithm that wants a weighted
-mean multiplies by ``task.weight`` and divides by ``agg.weight_sum``.
+completed clients (or collected row by row: :class:`Rows`; an :class:`Upload` entry is part of
+the upload, seen by every layer): an algorithm that wants a weighted mean multiplies by
+``task.weight`` and divides by ``agg.weight_sum``.
 
 A few methods exist for the algorithms that need them, each declared in the traits
 (``capabilities``): ``extra_models(x, state)`` (further models to evaluate),
@@ -176,6 +177,20 @@ class Rows:
 
 
 @dataclass(frozen=True)
+class Upload:
+    """A payload entry the client uploads with its update, so that every layer treats it as
+    part of the upload: each client half sees one vector ``[Δ_i, value.flatten()]`` (clipped,
+    compressed, error-fed back, masked together), then the entry is summed over the round and
+    the server halves act on its sum too (DP's noise at the same σ, SecAgg's decode); the
+    algorithm reads it as ``agg.extras[key]``, shaped as sent. IFCA's per-cluster sums are one.
+    With ``rows=True`` it is collected client by client (:class:`Collected`, as :class:`Rows`
+    are), which DP and SecAgg refuse: they reveal only sums."""
+
+    value: Vec
+    rows: bool = False
+
+
+@dataclass(frozen=True)
 class Collected:
     """A :class:`Rows` payload entry over the round: ``rows[k]`` is client ``ids[k]``'s."""
 
@@ -219,6 +234,8 @@ class Aggregate:
     #: set by a layer on the way in: the server optimiser's slot starts afresh from this
     #: round's x before the update (IMA zeroes FedAdam's moments at t_s)
     restart_server_opt: bool = False
+    #: the ``extras`` keys the clients sent as :class:`Upload` entries (the layers saw them)
+    uploaded: tuple[str, ...] = ()
 
 
 class ServerRound:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rayfl.algorithms.base import Aggregate, Collected, Rows
+from rayfl.algorithms.base import Aggregate, Collected, Rows, Upload
 from rayfl.contract import ComponentError
 
 
@@ -57,6 +57,7 @@ class PartialSum:
     client_losses: list[tuple[int, float]] = field(default_factory=list)  # (client, mean loss)
     extras: dict[str, Any] = field(default_factory=dict)  # the algorithm's payload sums
     rows: dict[str, tuple[list[int], list[torch.Tensor]]] = field(default_factory=dict)
+    uploaded: tuple[str, ...] = ()  # payload keys sent as Upload entries, first seen first
     layers: list[dict[str, Any]] = field(default_factory=list)  # each layer's payload sums
     buffers_w: torch.Tensor | None = None  # Σ w_i b_i of the clients' model buffers
     updates: list[torch.Tensor] = field(default_factory=list)  # only with keep_updates
@@ -86,13 +87,16 @@ class PartialSum:
         self.loss_sum += loss
         self.client_losses.append((int(client_id), float(loss)))
         for k, v in payload.items():
-            if isinstance(v, Rows):
+            if isinstance(v, Upload) and k not in self.uploaded:
+                self.uploaded += (k,)
+            if isinstance(v, Rows) or isinstance(v, Upload) and v.rows:
                 ids, rows = self.rows.setdefault(k, ([], []))
                 _same_shape(rows, v.value, k, where, t, client_id)
                 ids.append(int(client_id))
                 rows.append(v.value)
             else:
-                self.extras[k] = _add(self.extras.get(k), v, k, where, t, client_id)
+                self.extras[k] = _add(self.extras.get(k), getattr(v, "value", v), k, where, t,
+                                      client_id)
         if not self.layers:
             self.layers = [{} for _ in layer_payloads]
         for own, sums in zip(layer_payloads, self.layers):
@@ -116,6 +120,7 @@ class PartialSum:
         self.samples += other.samples
         self.loss_sum += other.loss_sum
         self.client_losses += other.client_losses
+        self.uploaded += tuple(k for k in other.uploaded if k not in self.uploaded)
         where, t = other.source
         for k, v in other.extras.items():
             self.extras[k] = _add(self.extras.get(k), v, k, where, t, None)
@@ -164,7 +169,14 @@ class PartialSum:
             weight_sum=self.weight_sum, delta_mean=self.delta_w / self.weight_sum,
             delta_sum=self.delta, delta_sq_sum=self.delta_sq, extras=extras,
             buffers_mean=None if self.buffers_w is None else self.buffers_w / self.weight_sum,
-            updates=torch.stack(self.updates) if self.updates else None)
+            updates=torch.stack(self.updates) if self.updates else None,
+            uploaded=self.uploaded)
+
+
+def upload_numel(agg: Aggregate, dim: int) -> int:
+    """Numbers one client uploads: the ``dim`` of its update and its :class:`Upload` entries'."""
+    return dim + sum(agg.extras[k].rows[0].numel() if isinstance(agg.extras[k], Collected)
+                     else agg.extras[k].numel() for k in agg.uploaded)
 
 
 def drift_metrics(agg: Aggregate, prev_delta_mean: torch.Tensor | None) -> dict[str, float]:

@@ -19,7 +19,8 @@ from typing import Callable, Iterable, Protocol, Sequence
 import torch
 
 from rayfl import rng
-from rayfl.algorithms.base import Algorithm, ClientResult, ClientTask, Vec, check_client_state
+from rayfl.algorithms.base import (Algorithm, ClientResult, ClientTask, Upload, Vec,
+                                   check_client_state)
 from rayfl.contract import (ComponentError, Lent, Trail, calling, describe, name_of,
                             returned_vector)
 from rayfl.layers import Broadcast, ClientContext, ClientState, Stack, tensors
@@ -89,10 +90,14 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext,
     if not isinstance(result.payload, dict):
         fail(f"returned a payload that is {describe(result.payload)}, not a dict")
     for key, value in result.payload.items():
-        inner = getattr(value, "value", value)  # Rows
+        inner = getattr(value, "value", value)  # Rows, Upload
         if not isinstance(inner, (torch.Tensor, int, float)) or isinstance(inner, bool):
             fail(f"returned payload entry {key!r} that is {describe(inner)}: payload values are "
                  "tensors or numbers, summed over the round's clients")
+        if isinstance(value, Upload) and not (isinstance(inner, torch.Tensor)
+                                              and inner.is_floating_point()):
+            fail(f"returned Upload payload entry {key!r} that is {describe(inner)}, not a "
+                 "floating-point tensor (it is sent joined to the upload)")
     if result.state is not None:
         problem = check_client_state(algorithm, result.state, x.numel())
         if problem:
@@ -155,6 +160,28 @@ def _of(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def joined(delta: Vec, payload: dict) -> Vec:
+    """The upload the layers' client halves see: Δ_i followed by every :class:`Upload`
+    payload entry, flattened, in the payload's order (Δ_i alone when there is none)."""
+    sent = [v.value.reshape(-1).to(delta.dtype) for v in payload.values()
+            if isinstance(v, Upload)]
+    return torch.cat([delta, *sent]) if sent else delta
+
+
+def split(joint: Vec, dim: int, payload: dict) -> tuple[Vec, dict]:
+    """Δ_i and the payload back from the upload as the last client half left it: each
+    :class:`Upload` entry replaced by its part, in its shape and dtype."""
+    if joint.numel() == dim:
+        return joint, payload
+    out, start = dict(payload), dim
+    for key, v in payload.items():
+        if isinstance(v, Upload):
+            part = joint[start:start + v.value.numel()]
+            out[key] = Upload(part.reshape(v.value.shape).to(v.value.dtype), v.rows)
+            start += v.value.numel()
+    return joint[:dim], out
+
+
 def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc: Broadcast,
                  lr: float, t: int, seed: int, source: Source, store: Store, spec: LocalSpec,
                  on_model: Callable[[int, Vec], None] | None = None, messages=None,
@@ -198,30 +225,34 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             if on_model is not None:
                 on_model(client, result.model)
             delta = x - result.model if result.upload is None else result.upload
+            payload = result.payload
             loss = ctx.mean_loss()
             kept, payloads = [], []
-            uploads = Trail("an upload", delta) if layers else None
+            if layers:
+                delta = upload = joined(delta, payload)
+                uploads = Trail("an upload", upload)
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
                                    dict(saved.layers[i] or {}))
                 name = applies[i]
                 lent = Lent().add("ctx.broadcast", bc.layers[i]).add("ctx.state", saved.layers[i])
                 with calling(name, round=t, client=client):
-                    delta = returned_vector(layer.client_apply(delta, t, client, lc), x, name,
-                                            "the upload it returned", t)
+                    delta = returned_vector(layer.client_apply(delta, t, client, lc), upload,
+                                            name, "the upload it returned", t)
                 lent.check(name, t, client)
                 kept.append(tensors(lc.state, name, "ctx.state", t) or None)
                 payloads.append(lc.payload)
                 uploads.add(name, delta)
             if layers:
                 uploads.check(t, client)
+                delta, payload = split(delta, x.numel(), payload)
             buffers = data.model.get_buffers() if data.has_buffers else None
             new = ClientState(result.state, tuple(kept),
                               buffers if traits.local_buffers else None)
             if not new.empty():
                 store.save(client, t, encode(new))
                 written.append(client)
-            acc.add_client(client, delta, weight, ctx.steps, data.n, loss, result.payload,
+            acc.add_client(client, delta, weight, ctx.steps, data.n, loss, payload,
                            payloads, buffers, stack.needs_updates,
                            trains, t)
         sums.append((group, acc))

@@ -32,7 +32,7 @@ import torch
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
 from rayfl.contract import ComponentError
-from rayfl.layers import ClientContext, Facts, LayerTraits
+from rayfl.layers import ClientContext, Facts, LayerTraits, summed_uploads
 from rayfl.privacy import Account, bands_of
 from rayfl.privacy.audit import Canaries
 from rayfl.privacy.banded import BandedNoise, coefficients
@@ -180,12 +180,29 @@ class GaussianDP(Transform):
             total = total + torch.from_numpy(self.canaries.round_sum(t, dim, used)).to(
                 total.dtype)
         noisy = total + torch.from_numpy(noise).to(agg.delta_sum.dtype)
+        agg = self.noised_uploads(agg, t, used)
         if self.adaptive:
             b = self.count_estimate(float(sums.get("unclipped", 0.0)), t)
             slot = ClipNorm(used * math.exp(-self.p.clip_lr * (b - self.p.target_quantile)))
         return (dataclasses.replace(agg, delta_sum=noisy, delta_mean=noisy / k, weight_sum=k,
                                     delta_sq_sum=float("nan")),
                 slot, {"dp_clip_norm": used})
+
+    def noised_uploads(self, agg: Aggregate, t: int, clip: float) -> Aggregate:
+        """The aggregate with every summed Upload entry noised as the update is (std z·S per
+        number: each client clipped them with its update to one norm S), from a stream of
+        their own, in ``agg.uploaded``'s order."""
+        keys = summed_uploads(agg.extras, agg.uploaded)
+        if not keys:
+            return agg
+        sizes = [agg.extras[k].numel() for k in keys]
+        draw = rng.stream(self.seed, t, rng.DP_UPLOAD_NOISE)
+        noise = torch.from_numpy(draw.standard_normal(sum(sizes))
+                                 * (self.update_multiplier * clip))
+        extras = dict(agg.extras)
+        for k, part in zip(keys, noise.split(sizes)):
+            extras[k] = extras[k] + part.reshape(extras[k].shape).to(extras[k].dtype)
+        return dataclasses.replace(agg, extras=extras)
 
     def from_legacy(self, old: dict) -> ClipNorm | None:
         """The slot of a rayfl 0.1 checkpoint's ``{clip_norm, used}``."""
@@ -201,6 +218,9 @@ class CorrelatedDP(GaussianDP):
     server slot: checkpointed, resumed and forked to the same bytes."""
 
     name = "dp_correlated"
+    traits = dataclasses.replace(GaussianDP.traits, uploads=(
+        "its noise is correlated across rounds through a state shaped like the model, and "
+        "Upload entries would need such a state of their own"))
 
     def __init__(self, params: GaussianDPParams, facts: Facts,
                  source: "TreeNoise | BandedNoise"):

@@ -23,7 +23,7 @@ import torch
 
 from rayfl import rng, schema
 from rayfl.algorithms.base import Aggregate, Vec
-from rayfl.layers import Facts, LayerTraits
+from rayfl.layers import Facts, LayerTraits, summed_uploads
 from rayfl.transforms.base import Transform
 
 
@@ -89,7 +89,9 @@ class SecAgg(Transform):
         if not agg.count:  # nobody completed: nothing was masked, there is no mean
             return agg, slot, {}
         total = self.decode(agg.delta_sum)
-        return dataclasses.replace(agg, delta_sum=total,
+        extras = {k: self.decode(v) if k in summed_uploads(agg.extras, agg.uploaded) else v
+                  for k, v in agg.extras.items()}
+        return dataclasses.replace(agg, delta_sum=total, extras=extras,
                                    delta_mean=total / agg.weight_sum,
                                    delta_sq_sum=float("nan")), slot, {}
 
