@@ -274,13 +274,13 @@ def returned(value: Any, names: tuple[str, ...], component: str,
 
 
 def returned_vector(value: Any, like: Any, component: str, what: str,
-                    round: int | None = None) -> Any:
-    """``value`` checked to be a float tensor shaped like ``like`` (the model vector), cast to
-    ``like``'s dtype."""
+                    round: int | None = None, as_: str = "like the model's x") -> Any:
+    """``value`` checked to be a float tensor shaped like ``like`` (the model vector, or what
+    ``as_`` says), cast to ``like``'s dtype."""
     ok = isinstance(value, torch.Tensor) and value.is_floating_point() and \
         value.shape == like.shape
     expect(ok, component, f"{what} is {describe(value)}; expected a float tensor of shape "
-                          f"{tuple(like.shape)}, like the model's x", round)
+                          f"{tuple(like.shape)}, {as_}", round)
     return value if value.dtype == like.dtype else value.to(like.dtype)
 
 

@@ -74,14 +74,15 @@ class LayerTraits:
     #: the tuner's preset: dotted run-config key -> parameter spec
     search_space: dict = field(default_factory=dict)
     #: it privatises what leaves a client (the DP mechanism): every other report a client
-    #: sends beside the upload must be one it accounts for or one declared public
+    #: sends beside the upload must be one it accounts for or one declared public; the sums
+    #: of the algorithm's Upload entries (``Aggregate.uploaded``) are its to noise too
     privatises: bool = False
     #: its client half's payload keys that carry no client data (chosen by the seed, not
     #: the data): allowed beside a privatising layer
     public_reports: tuple[str, ...] = ()
     #: why an algorithm's :class:`~rayfl.algorithms.base.Upload` entries are refused beside
-    #: it (None: its halves act on them as on the upload; a layer that reads every upload at
-    #: once refuses them unless it says otherwise)
+    #: it (None: its halves act on them as on the upload, but for a layer that reads every
+    #: upload at once, which refuses them: it would sum them unprotected)
     uploads: str | None = None
 
 

@@ -48,6 +48,7 @@ from rayfl.availability import run_sampler
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
 from rayfl.runtime import executor_kind
+from rayfl.runtime.async_loop import refuse_uploads
 from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 from rayfl.runtime.executors import Hosting, InProcessExecutor
 from rayfl.runtime.loop import RoundLoop, merge
@@ -158,10 +159,12 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> bool:
         stack.payload_sums(acc.layer_sums(len(stack.layers)), 0)
     total = merge(sums[g] for g in sorted(sums))
     stack.check_uploads(total.uploaded, [k for k in total.rows if k in total.uploaded], 0)
+    refuse_uploads(cfg.aggregation.mode, total.uploaded, stack.algorithm, 0)
     sent = [*(k for k in total.extras if k not in total.uploaded), *total.rows]
     stack.check_reports(sent, total.layer_sums(len(stack.layers)), 0)
     if cfg.privacy is not None:
-        check_sent(cfg.privacy, {*sent, *(k for own in total.layers for k in own)})
+        check_sent(cfg.privacy, {*sent, *(k for own in total.layers for k in own)},
+                   total.uploaded)
     return drew
 
 

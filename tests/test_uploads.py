@@ -19,11 +19,12 @@ import torch
 
 import rayfl
 from rayfl import rng
-from rayfl.algorithms.base import Algorithm, ClientResult, Traits, Upload
+from rayfl.algorithms.base import Algorithm, ClientResult, Rows, Traits, Upload
 from rayfl.contract import ComponentError
 from rayfl.layers import Facts
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
+from rayfl.transforms import Transform
 from rayfl.transforms.base import ClipParams, ClipUpdate
 from rayfl.transforms.compress import SparseParams, TopK
 from rayfl.transforms.dp import GaussianDP, GaussianDPParams
@@ -57,6 +58,59 @@ class Echo(Algorithm):
     def server_update(self, x, state, agg, srv):
         self.seen.append(agg)
         return srv.step(agg.delta_mean), state, {}
+
+
+class Mixed(Echo):
+    """Even clients send ``v`` as ``first``, odd ones as ``second`` (a kind made of a block)."""
+
+    def __init__(self, first, second):
+        super().__init__()
+        self.first, self.second = first, second
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        block = torch.ones(2, 3, dtype=y.dtype)
+        make = self.first if task.client_id % 2 == 0 else self.second
+        return ClientResult(y, {"v": make(block)})
+
+
+class TwoEntries(Echo):
+    """Sends ``b`` before ``a`` (the dict's order), each a vector of its own constant."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        return ClientResult(y, {"b": Upload(torch.full((2,), 2.0, dtype=y.dtype)),
+                                "a": Upload(torch.full((1,), 1.0, dtype=y.dtype))})
+
+
+class Growing(Echo):
+    """Round t's entry has t + 1 numbers."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        return ClientResult(y, {"v": Upload(torch.ones(task.t + 1, dtype=y.dtype))})
+
+
+class Seen(Transform):
+    """Keeps every upload its client half is handed."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def client(self, delta, t, client):
+        self.seen.append(delta.clone())
+        return delta
+
+
+class Uploader(Algorithm):
+    """FedAvg whose clients also send an Upload entry ``u``; it allows asynchronous rounds."""
+
+    traits = Traits(asynchronous=None, dp_post_processing=True)
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        return ClientResult(y, {"u": Upload(torch.ones(3, dtype=y.dtype))})
 
 
 def _clients():
@@ -164,11 +218,62 @@ def test_rows_entries_are_clipped_with_the_update_and_collected_client_by_client
                                                              zip(scales, blocks)]), rtol=1e-12)
 
 
-def test_an_upload_entry_that_is_not_a_float_tensor_is_refused():
+@pytest.mark.parametrize("value", [torch.tensor([1, 2]), torch.ones(2, dtype=torch.float16),
+                                   torch.ones(2, dtype=torch.float32)])
+def test_an_upload_entry_that_is_not_a_tensor_of_the_model_s_dtype_is_refused(value):
     with pytest.raises(ComponentError, match=r"Echo\.client_train \(round 1, client 0\): "
                                              r"returned Upload payload entry 'v' that is "
-                                             r".*not a floating-point tensor"):
-        _round(Echo(value=torch.tensor([1, 2])))
+                                             r".*not a tensor of the model's dtype float64"):
+        _round(Echo(value=value))
+
+
+@pytest.mark.parametrize("first, second, kinds", [
+    (Upload, lambda v: v, "as summed, where an earlier client's was Upload"),
+    (Upload, lambda v: Upload(v, rows=True), "as Upload\\(rows=True\\), where an earlier "
+                                             "client's was Upload"),
+    (Rows, lambda v: v, "as summed, where an earlier client's was Rows"),
+])
+def test_an_entry_sent_as_two_kinds_in_one_round_is_refused(first, second, kinds):
+    # a plain value beside Upload ones would skip the layers (under privacy: unnoised)
+    with pytest.raises(ComponentError, match=r"Mixed\.client_train \(round 1, client 1\): "
+                                             r"returned payload entry 'v' " + kinds):
+        _round(Mixed(first, second), ClipUpdate(ClipParams(max_norm=1.0)))
+
+
+def test_entries_join_the_update_in_the_order_of_their_keys():
+    seen = Seen()
+    agg, _ = _round(TwoEntries(), seen)
+    deltas, _ = _deltas_and_blocks()
+    a, b = torch.ones(1, dtype=DT), torch.full((2,), 2.0, dtype=DT)
+    assert all(torch.equal(s, torch.cat([d, a, b])) for s, d in zip(seen.seen, deltas))
+    assert torch.equal(agg.extras["a"], 3 * a) and torch.equal(agg.extras["b"], 3 * b)
+
+
+def test_an_upload_that_changes_size_under_error_feedback_is_one_line_on_the_residual():
+    topk = TopK(SparseParams(fraction=0.5, error_feedback=True))
+    with pytest.raises(ComponentError, match=r"TopK\.client_apply \(round 2, client 0\): "
+                                             r".*client 0's residual holds 5 numbers and its "
+                                             r"upload now 6: with error feedback the upload"):
+        simulate(Growing(), torch.zeros(D, dtype=DT), _clients(), SPEC, rounds=2, lr0=LR,
+                 transforms=[topk])
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["aggregation.mode=fedbuff", "aggregation.buffer_size=2"],
+     r"Uploader\.client_train \(round 1\): sent 'u' as Upload payload under aggregation\.mode "
+     r"fedbuff: the server discounts each update by its staleness"),
+    (["privacy.noise_multiplier=1.0", "privacy.public_reports=[u]"],
+     r"privacy\.public_reports.*'u' is sent as an Upload entry, clipped and noised with the "
+     r"update"),
+])
+def test_uploads_refused_before_the_run_starts(tiny, overrides, says):
+    from rayfl.schema import ConfigError
+
+    with pytest.raises((ComponentError, ConfigError), match=says):
+        rayfl.run(TINY, tiny + ["runtime.executor=inprocess",
+                                "algorithm.name=tests.test_uploads:Uploader", *overrides],
+                  quiet=True)
+    assert not os.path.exists(tiny[0].split("=", 1)[1])
 
 
 def _sha(result) -> str:
@@ -181,6 +286,14 @@ def test_ifca_with_one_cluster_is_fedavg_with_uniform_weights_byte_for_byte(tiny
                        quiet=True)
     ifca = rayfl.run(TINY, tiny + base + IFCA + ["algorithm.clusters=1", "name=i"], quiet=True)
     assert _sha(ifca) == _sha(fedavg)
+
+
+def test_ifca_survives_a_round_nobody_completes(tiny):
+    result = rayfl.run(TINY, tiny + IFCA + ["runtime.executor=inprocess", "rounds=3",
+                                            "algorithm.clusters=2", "availability.dropout=0.8",
+                                            "clients_per_round=2"], quiet=True)
+    completed = [r["completed"] for r in result.metrics.to_pylist()]
+    assert 0 in completed, completed  # the round the example must step over
 
 
 def test_ifca_sums_through_top_k_with_error_feedback_same_bytes_three_ways(tiny, ray_local,

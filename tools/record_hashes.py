@@ -61,6 +61,11 @@ def cases() -> dict[str, list[str]]:
                                      "{name: ima, start: 1, window: 2}]"]
     out["layers-privacy"] = ["layers=[{name: ima, start: 1, window: 2}, {name: privacy, "
                              "noise_multiplier: 0.5, clip_norm: 0.5}]"]
+    # Upload payload entries through a compressor with error feedback, and through DP
+    out["ifca-topk-ef"] = ["algorithm.name=examples.ifca:IFCA", "algorithm.clusters=2",
+                           "layers=[{name: topk, fraction: 0.1, error_feedback: true}]"]
+    out["ifca-privacy"] = ["algorithm.name=examples.ifca:IFCA", "algorithm.clusters=2",
+                           "privacy.noise_multiplier=0.5", "privacy.clip_norm=0.5"]
     out["oort"] = ["selection.name=oort"]
     out["power_of_choice"] = ["selection.name=power_of_choice"]
     out["fedbuff"] = ["aggregation.mode=fedbuff", "aggregation.buffer_size=3"]

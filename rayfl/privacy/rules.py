@@ -66,9 +66,16 @@ def check_given(raw) -> None:
                           "private run, they do not make one")
 
 
-def check_sent(p, sent: set[str]) -> None:
+def check_sent(p, sent: set[str], uploaded=()) -> None:
     """Every key declared public is one a client half sent in the pre-flight's round (a name
-    nothing sends would label ε as excluding a report that does not exist)."""
+    nothing sends would label ε as excluding a report that does not exist), and none is an
+    Upload entry (``uploaded``: noised with the update, inside the account)."""
+    inside = [key for key in p.public_reports if key in uploaded]
+    if inside:
+        raise ConfigError("privacy.public_reports", p.public_reports,
+                          f"keys a client half sends beside the update; "
+                          f"{', '.join(map(repr, inside))} is sent as an Upload entry, clipped "
+                          "and noised with the update inside the account")
     unsent = [key for key in p.public_reports if key not in sent]
     if unsent:
         raise ConfigError("privacy.public_reports", p.public_reports,

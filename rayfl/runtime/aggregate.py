@@ -38,6 +38,17 @@ def _same_shape(rows: list, row: Any, key: str, where: str, t: int, client: int)
                                     "them)", t, client)
 
 
+#: a payload entry's kind: (sent as an Upload, collected row by row) -> what it is called
+KINDS = {(False, False): "summed", (False, True): "Rows", (True, False): "Upload",
+         (True, True): "Upload(rows=True)"}
+
+
+def _kind(value: Any) -> tuple[bool, bool]:
+    """(sent as an Upload, collected row by row) of one client's payload value."""
+    upload = isinstance(value, Upload)
+    return upload, isinstance(value, Rows) or upload and value.rows
+
+
 def _sum(a: Any, b: Any) -> Any:
     return b.clone() if a is None and isinstance(b, torch.Tensor) else (b if a is None else a + b)
 
@@ -87,9 +98,10 @@ class PartialSum:
         self.loss_sum += loss
         self.client_losses.append((int(client_id), float(loss)))
         for k, v in payload.items():
+            self._one_kind(k, _kind(v), where, t, client_id)
             if isinstance(v, Upload) and k not in self.uploaded:
                 self.uploaded += (k,)
-            if isinstance(v, Rows) or isinstance(v, Upload) and v.rows:
+            if _kind(v)[1]:
                 ids, rows = self.rows.setdefault(k, ([], []))
                 _same_shape(rows, v.value, k, where, t, client_id)
                 ids.append(int(client_id))
@@ -120,8 +132,10 @@ class PartialSum:
         self.samples += other.samples
         self.loss_sum += other.loss_sum
         self.client_losses += other.client_losses
-        self.uploaded += tuple(k for k in other.uploaded if k not in self.uploaded)
         where, t = other.source
+        for k in (*other.extras, *other.rows):
+            self._one_kind(k, (k in other.uploaded, k in other.rows), where, t, None)
+        self.uploaded += tuple(k for k in other.uploaded if k not in self.uploaded)
         for k, v in other.extras.items():
             self.extras[k] = _add(self.extras.get(k), v, k, where, t, None)
         for k, (ids, rows) in other.rows.items():
@@ -139,6 +153,18 @@ class PartialSum:
         if other.buffers_w is not None:
             self.buffers_w = _sum(self.buffers_w, other.buffers_w)
         return self
+
+    def _one_kind(self, key: str, kind: tuple[bool, bool], where: str, t: int,
+                  client: int | None) -> None:
+        """ComponentError naming ``where`` when ``key`` comes as another kind than an earlier
+        client's: an entry is summed, Rows, Upload or Upload(rows=True) over the whole round."""
+        if key not in self.extras and key not in self.rows:
+            return
+        before = (key in self.uploaded, key in self.rows)
+        if kind != before:
+            raise ComponentError(where, f"returned payload entry {key!r} as {KINDS[kind]}, where "
+                                        f"an earlier client's was {KINDS[before]}: an entry is "
+                                        "of one kind over the round", t, client)
 
     def to(self, device: str | torch.device) -> "PartialSum":
         """Move every tensor (e.g. to the CPU before it leaves a GPU actor)."""

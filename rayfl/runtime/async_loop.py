@@ -47,6 +47,7 @@ import torch
 
 from rayfl.algorithms.base import Aggregate
 from rayfl.availability.empty import NobodyOnline
+from rayfl.contract import ComponentError, name_of
 from rayfl.layers import ServerState as State
 from rayfl.rng import DROPOUT, SAMPLE, stream
 from rayfl.runtime.aggregate import PartialSum
@@ -121,6 +122,17 @@ class Window:
     trained: int = 0
     train_s: float = 0.0
     reports: list = field(default_factory=list)
+
+
+def refuse_uploads(mode: str, uploaded, algorithm, t: int | None) -> None:
+    """Refuse the algorithm's Upload payload entries under asynchronous aggregation (a
+    ComponentError naming its ``client_train``): the server weighs each update by its
+    staleness (FedBuff) or mixes it into x (FedAsync), which the entries would need too."""
+    if uploaded and mode != "sync":
+        raise ComponentError(name_of(algorithm, "client_train"),
+                             f"sent {', '.join(map(repr, uploaded))} as Upload payload under "
+                             f"aggregation.mode {mode}: the server discounts each update by its "
+                             "staleness, and the entries would need the same", t)
 
 
 def discounted(ps: PartialSum, s: float) -> PartialSum:
@@ -231,6 +243,8 @@ class AsyncLoop:
     # ----- the server update ---------------------------------------------------------------
     def _apply(self, state: State, t: int, buffer: list[tuple[Job, int]], tick: float):
         rounds, w = self.rounds, self.window
+        for job, _ in buffer:
+            refuse_uploads(self.settings.mode, job.result.uploaded, rounds.algorithm, t)
         num_sampled = len(buffer) + w.dropped + w.discarded
         if self.settings.mode == "fedbuff":
             total, agg = self._buffer_sum(buffer), None

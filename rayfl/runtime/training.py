@@ -95,9 +95,12 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext,
             fail(f"returned payload entry {key!r} that is {describe(inner)}: payload values are "
                  "tensors or numbers, summed over the round's clients")
         if isinstance(value, Upload) and not (isinstance(inner, torch.Tensor)
-                                              and inner.is_floating_point()):
+                                              and inner.dtype == x.dtype):
             fail(f"returned Upload payload entry {key!r} that is {describe(inner)}, not a "
-                 "floating-point tensor (it is sent joined to the upload)")
+                 f"tensor of the model's dtype {_of(x.dtype)} (it is sent joined to the upload)")
+    if any(isinstance(v, Upload) for v in result.payload.values()):  # sent, not trained
+        result.payload = {k: Upload(v.value.detach(), v.rows) if isinstance(v, Upload) else v
+                          for k, v in result.payload.items()}
     if result.state is not None:
         problem = check_client_state(algorithm, result.state, x.numel())
         if problem:
@@ -162,22 +165,23 @@ def _of(dtype: torch.dtype) -> str:
 
 def joined(delta: Vec, payload: dict) -> Vec:
     """The upload the layers' client halves see: Δ_i followed by every :class:`Upload`
-    payload entry, flattened, in the payload's order (Δ_i alone when there is none)."""
-    sent = [v.value.reshape(-1).to(delta.dtype) for v in payload.values()
-            if isinstance(v, Upload)]
+    payload entry, flattened, in the order of their keys (Δ_i alone when there is none)."""
+    sent = [payload[k].value.reshape(-1).to(delta.device) for k in sorted(payload)
+            if isinstance(payload[k], Upload)]
     return torch.cat([delta, *sent]) if sent else delta
 
 
 def split(joint: Vec, dim: int, payload: dict) -> tuple[Vec, dict]:
     """Δ_i and the payload back from the upload as the last client half left it: each
-    :class:`Upload` entry replaced by its part, in its shape and dtype."""
+    :class:`Upload` entry replaced by its part, in its shape."""
     if joint.numel() == dim:
         return joint, payload
     out, start = dict(payload), dim
-    for key, v in payload.items():
+    for key in sorted(payload):
+        v = payload[key]
         if isinstance(v, Upload):
-            part = joint[start:start + v.value.numel()]
-            out[key] = Upload(part.reshape(v.value.shape).to(v.value.dtype), v.rows)
+            out[key] = Upload(joint[start:start + v.value.numel()].reshape(v.value.shape),
+                              v.rows)
             start += v.value.numel()
     return joint[:dim], out
 
@@ -229,8 +233,11 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             loss = ctx.mean_loss()
             kept, payloads = [], []
             if layers:
-                delta = upload = joined(delta, payload)
-                uploads = Trail("an upload", upload)
+                upload = joined(delta, payload)
+                shaped = "like the model's x" if upload is delta else \
+                    f"the model's {x.numel()} numbers then its Upload entries' " \
+                    f"{upload.numel() - x.numel()}"
+                delta, uploads = upload, Trail("an upload", upload)
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
                                    dict(saved.layers[i] or {}))
@@ -238,7 +245,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
                 lent = Lent().add("ctx.broadcast", bc.layers[i]).add("ctx.state", saved.layers[i])
                 with calling(name, round=t, client=client):
                     delta = returned_vector(layer.client_apply(delta, t, client, lc), upload,
-                                            name, "the upload it returned", t)
+                                            name, "the upload it returned", t, shaped)
                 lent.check(name, t, client)
                 kept.append(tensors(lc.state, name, "ctx.state", t) or None)
                 payloads.append(lc.payload)

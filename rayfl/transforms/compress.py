@@ -36,6 +36,11 @@ class Compressor(Transform):
         if not self.p.error_feedback:
             return self.compress(delta, t, client)
         residual = ctx.state.get("residual")
+        if residual is not None and residual.numel() != delta.numel():
+            raise ValueError(f"client {client}'s residual holds {residual.numel()} numbers and "
+                             f"its upload now {delta.numel()}: with error feedback the upload "
+                             "(the update, then the algorithm's Upload entries) keeps its size "
+                             "from round to round")
         v = delta if residual is None else delta + residual.to(delta)
         sent = self.compress(v, t, client)
         ctx.state["residual"] = (v - sent).detach().clone()
