@@ -11,12 +11,13 @@ into cluster ĵ's part and 1 into ĵ's member count. The main upload is cluster 
 1..k−1 and the counts are :class:`~rayfl.algorithms.base.Upload` payload entries, so every layer
 treats the whole as one upload: ``clip`` bounds all of it, a compressor compresses all of it,
 ``privacy`` noises every sum (the counts included). The server then steps each model by its
-clients' mean update, θ_j ← θ_j − η_g · S_j / max(c_j, 1) (the model-averaging IFCA). A layer
-changes the counts with the rest: clipped, each client counts by its clip factor f_i (S_j / c_j
-is then Σ f_i Δ_i / Σ f_i, the updates weighted by their clip factors) and ``cluster0_share``
-is the share of that weight; noised, a count can fall below 1, which the max keeps from inflating the step. The
-run's model x is θ_0; the others are evaluated as ``cluster1``, ``cluster2``, ... With k = 1
-nothing but the upload is sent and IFCA is FedAvg with uniform weights, byte for byte.
+clients' mean update, θ_j ← θ_j − η_g · S_j / max(c_j, 1) (the model-averaging IFCA). A
+layer changes the counts with the rest: clipped, each client counts by its clip factor f_i
+(S_j / c_j is then Σ f_i Δ_i / Σ f_i, the updates weighted by their clip factors) and
+``cluster0_share`` is the share of that weight; noised, a count can fall below 1, which the max
+keeps from inflating the step. The run's model x is θ_0; the others are evaluated as
+``cluster1``, ``cluster2``, ... With k = 1 nothing but the upload is sent and IFCA is FedAvg
+with uniform weights, byte for byte.
 """
 
 from __future__ import annotations

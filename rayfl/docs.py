@@ -123,8 +123,8 @@ The two sections are presets of the list: `compression: {method: M, <keys>}` is 
 `{name: M, <keys>}` after the list, and `{name: privacy, <privacy keys>}` written last in the
 list is the `privacy` section (a config gives one or the other).
 Every step reports the bytes a client uploads for its update (`upload_bytes` per round in
-metrics.parquet, an algorithm's extra payload not counted; the virtual clock times the upload
-at that size). Error-feedback residuals are client state in the state store (checkpointed,
+metrics.parquet; an algorithm's `Upload` payload entries are part of the upload and counted,
+its other payload is not; the virtual clock times the update's upload alone). Error-feedback residuals are client state in the state store (checkpointed,
 resumed).
 SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
 clients that completed. The robust rules (`median`, `trimmed_mean`, `krum`) replace the mean

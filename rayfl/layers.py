@@ -84,13 +84,19 @@ class LayerTraits:
     #: it (None: its halves act on them as on the upload, but for a layer that reads every
     #: upload at once, which refuses them: it would sum them unprotected)
     uploads: str | None = None
+    #: its server half acts on the sums of the algorithm's Upload entries (``agg.uploaded``) as
+    #: on the update's (DP noises them, SecAgg decodes them): a layer that privatises or is a
+    #: transport and does not say so refuses them
+    upload_sums: bool = False
 
 
 @dataclass
 class ClientContext:
     """What a layer's client half sees for one client: the round and client, the client's
     training loss, weight and samples, its own broadcast values, its own persistent client slot
-    (read it; set entries to keep them) and a payload summed over the round into its own sums."""
+    (read it; set entries to keep them), a payload summed over the round into its own sums, and
+    the model's size ``dim`` (the upload's first ``dim`` numbers are the update; an algorithm's
+    Upload entries follow)."""
 
     t: int = 0
     client: int = 0
@@ -100,6 +106,7 @@ class ClientContext:
     broadcast: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     payload: dict[str, Any] = field(default_factory=dict)
+    dim: int = 0
 
 
 class Layer:
@@ -637,6 +644,9 @@ class Stack:
             refused, why = uploaded, own.uploads or (
                 "it replaces the round's mean update by a statistic of the model's uploads and "
                 "would sum these unprotected" if own.needs_updates else None)
+            if why is None and (own.transport or own.privatises) and not own.upload_sums:
+                why = ("it privatises or transports the update's sum and does not say it does "
+                       "the same to the Upload entries' (LayerTraits.upload_sums)")
             if why is None and (own.transport or own.privatises):
                 refused, why = rows, ("the server reads an Upload(rows=True) entry client by "
                                       "client, and this layer reveals only the round's sum")

@@ -21,7 +21,9 @@ import rayfl
 from rayfl import rng
 from rayfl.algorithms.base import Algorithm, ClientResult, Rows, Traits, Upload
 from rayfl.contract import ComponentError
-from rayfl.layers import Facts
+from rayfl.layers import Facts, LayerTraits
+from rayfl.runtime.aggregate import PartialSum
+from rayfl.runtime.training import split
 from rayfl.runtime.harness import quadratic_client, simulate
 from rayfl.runtime.local import LocalSpec
 from rayfl.transforms import Transform
@@ -103,6 +105,20 @@ class Seen(Transform):
         return delta
 
 
+class Narrow(Echo):
+    """Uploads its update in float32 beside a float64 model, and no entry."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        return ClientResult(y, upload=(task.bc["x"] - y).float())
+
+
+class Privatiser(Transform):
+    """Privatises the update's sum (its own way) and says nothing of Upload entries."""
+
+    traits = LayerTraits(privatises=True)
+
+
 class Uploader(Algorithm):
     """FedAvg whose clients also send an Upload entry ``u``; it allows asynchronous rounds."""
 
@@ -111,6 +127,13 @@ class Uploader(Algorithm):
     def client_train(self, task, ctx):
         y = ctx.train()
         return ClientResult(y, {"u": Upload(torch.ones(3, dtype=y.dtype))})
+
+
+class LateUploader(Uploader):
+    """Sends its Upload entry from round 2 on: past the pre-flight's round."""
+
+    def client_train(self, task, ctx):
+        return super().client_train(task, ctx) if task.t else ClientResult(ctx.train())
 
 
 def _clients():
@@ -179,6 +202,44 @@ def test_dp_noises_the_entries_sums_at_the_update_s_sigma_and_leaves_its_noise_a
     assert agg.delta_mean.equal(agg.delta_sum / k)
 
 
+def test_dp_noises_two_entries_in_the_order_of_their_keys_whatever_the_dict_s():
+    z, s, seed = 1.0, 100.0, 3  # S above every joint norm: nothing clipped
+    mech = GaussianDP(GaussianDPParams(noise_multiplier=z, clip_norm=s, expected_clients=3),
+                      Facts(seed=seed))
+    agg, _ = _round(TwoEntries(), mech)
+    noise = torch.from_numpy(rng.stream(seed, 0, rng.DP_UPLOAD_NOISE).standard_normal(3)
+                             * (z * s))
+    assert torch.allclose(agg.extras["a"], 3 * torch.ones(1, dtype=DT) + noise[:1], rtol=1e-12)
+    assert torch.allclose(agg.extras["b"], 3 * torch.full((2,), 2.0, dtype=DT) + noise[1:],
+                          rtol=1e-12)
+
+
+def test_without_entries_a_layer_s_output_still_takes_the_model_s_dtype():
+    agg, _ = _round(Narrow(), ClipUpdate(ClipParams(max_norm=100.0)))
+    assert agg.delta_sum.dtype == DT
+
+
+def test_an_entry_split_from_the_upload_holds_its_own_numbers_only():
+    # a view would pickle (and ship to the server) the client's whole joined upload
+    joint = torch.arange(10, dtype=DT)
+    _, out = split(joint, 4, {"v": Upload(torch.zeros(2, 3, dtype=DT), rows=True)})
+    part = out["v"].value
+    assert torch.equal(part, torch.arange(4, 10, dtype=DT).reshape(2, 3))
+    assert part.untyped_storage().nbytes() == 6 * 8
+
+
+def test_groups_that_sent_one_key_as_two_kinds_are_refused_when_merged():
+    # one group summed 'v', another sent it as an Upload (each alone looks fine)
+    plain, sent = PartialSum(), PartialSum()
+    one = torch.ones(2, dtype=DT)
+    plain.add_client(0, one, 1.0, 1, 1, 0.0, {"v": one}, [], where="A.client_train")
+    sent.add_client(1, one, 1.0, 1, 1, 0.0, {"v": Upload(one)}, [], where="A.client_train")
+    with pytest.raises(ComponentError, match=r"A\.client_train \(round 1\): returned payload "
+                                             r"entry 'v' as Upload, where an earlier client's "
+                                             r"was summed"):
+        plain.merge(sent)
+
+
 def test_secagg_decodes_the_entries_sums_within_its_bound():
     layer = SecAgg(SecAggParams(bits=20, clip_norm=10.0, max_clients=3,
                                 randomized_rounding=False), Facts())
@@ -201,6 +262,9 @@ def test_secagg_decodes_the_entries_sums_within_its_bound():
     (GaussianDP(GaussianDPParams(1.0, 1.0, 3), Facts()), True,
      r"rayfl\.transforms\.dp:GaussianDP\.aggregate: the server reads an "
      r"Upload\(rows=True\) entry client by client"),
+    (Privatiser(), False, r"tests\.test_uploads:Privatiser\.aggregate: it privatises or "
+                          r"transports the update's sum and does not say it does the same to "
+                          r"the Upload entries' \(LayerTraits\.upload_sums\)"),
 ])
 def test_a_layer_that_cannot_carry_an_entry_refuses_it_naming_client_train(layer, rows, says):
     with pytest.raises(ComponentError, match=r"Echo\.client_train \(round 1\): sent 'v' as "
@@ -266,7 +330,7 @@ def test_an_upload_that_changes_size_under_error_feedback_is_one_line_on_the_res
      r"privacy\.public_reports.*'u' is sent as an Upload entry, clipped and noised with the "
      r"update"),
 ])
-def test_uploads_refused_before_the_run_starts(tiny, overrides, says):
+def test_uploads_refused_leave_nothing_behind(tiny, overrides, says):
     from rayfl.schema import ConfigError
 
     with pytest.raises((ComponentError, ConfigError), match=says):
@@ -274,6 +338,15 @@ def test_uploads_refused_before_the_run_starts(tiny, overrides, says):
                                 "algorithm.name=tests.test_uploads:Uploader", *overrides],
                   quiet=True)
     assert not os.path.exists(tiny[0].split("=", 1)[1])
+
+
+def test_an_entry_first_sent_after_the_pre_flight_is_refused_in_its_round(tiny):
+    with pytest.raises(ComponentError, match=r"LateUploader\.client_train \(round \d+\): sent "
+                                             r"'u' as Upload payload under aggregation\.mode "
+                                             r"fedasync"):
+        rayfl.run(TINY, tiny + ["runtime.executor=inprocess", "aggregation.mode=fedasync",
+                                "algorithm.name=tests.test_uploads:LateUploader", "rounds=12"],
+                  quiet=True)
 
 
 def _sha(result) -> str:

@@ -234,7 +234,8 @@ class Aggregate:
     #: set by a layer on the way in: the server optimiser's slot starts afresh from this
     #: round's x before the update (IMA zeroes FedAdam's moments at t_s)
     restart_server_opt: bool = False
-    #: the ``extras`` keys the clients sent as :class:`Upload` entries (the layers saw them)
+    #: the ``extras`` keys the clients sent as :class:`Upload` entries (the layers saw them),
+    #: in order
     uploaded: tuple[str, ...] = ()
 
 

@@ -50,8 +50,9 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
         "dp_clip_norm": ("L2 norm", ("the clip norm S of the round (privacy.adaptive_clip: it "
                                     "tracks the target quantile of update norms)")),
         "upload_bytes": ("bytes", ("what the round's completed clients uploaded for their "
-                                  "updates Δ_i as the transform chain encodes them "
-                                  "(compression, secagg); times the virtual upload")),
+                                  "updates Δ_i and the algorithm's Upload entries as the "
+                                  "transform chain encodes them (compression, secagg); the "
+                                  "update's part times the virtual upload")),
         "attackers": ("clients", ("Byzantine clients among the completed ones (the `attack` "
                                  "transform)")),
         "krum_fallbacks": ("rounds", ("rounds so far with m ≤ 2f + 2 updates, where `krum` took "

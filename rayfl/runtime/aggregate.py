@@ -196,7 +196,7 @@ class PartialSum:
             delta_sum=self.delta, delta_sq_sum=self.delta_sq, extras=extras,
             buffers_mean=None if self.buffers_w is None else self.buffers_w / self.weight_sum,
             updates=torch.stack(self.updates) if self.updates else None,
-            uploaded=self.uploaded)
+            uploaded=tuple(sorted(self.uploaded)))
 
 
 def upload_numel(agg: Aggregate, dim: int) -> int:

@@ -289,7 +289,8 @@ class AsyncLoop:
         results), models sent. The client-state versions are the round loop's (checkpointed)."""
         def job(j: Job) -> dict:
             out = {f.name: getattr(j, f.name) for f in fields(Job)}
-            out["result"] = None if j.result is None else vars(j.result)
+            out["result"] = None if j.result is None else {
+                k: v for k, v in vars(j.result).items() if k != "uploaded" or v}
             return out
 
         return dict(zip(SNAPSHOT, (

@@ -180,8 +180,8 @@ def split(joint: Vec, dim: int, payload: dict) -> tuple[Vec, dict]:
     for key in sorted(payload):
         v = payload[key]
         if isinstance(v, Upload):
-            out[key] = Upload(joint[start:start + v.value.numel()].reshape(v.value.shape),
-                              v.rows)
+            part = joint[start:start + v.value.numel()]  # a copy: a view would ship it all
+            out[key] = Upload(part.reshape(v.value.shape).clone(), v.rows)
             start += v.value.numel()
     return joint[:dim], out
 
@@ -234,17 +234,18 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
             kept, payloads = [], []
             if layers:
                 upload = joined(delta, payload)
-                shaped = "like the model's x" if upload is delta else \
-                    f"the model's {x.numel()} numbers then its Upload entries' " \
-                    f"{upload.numel() - x.numel()}"
+                like, shaped = (x, "like the model's x") if upload is delta else (
+                    upload.new_empty(upload.shape, dtype=x.dtype),
+                    f"the model's {x.numel()} numbers then its Upload entries' "
+                    f"{upload.numel() - x.numel()}")
                 delta, uploads = upload, Trail("an upload", upload)
             for i, layer in enumerate(layers):
                 lc = ClientContext(t, client, loss, weight, data.n, dict(bc.layers[i]),
-                                   dict(saved.layers[i] or {}))
+                                   dict(saved.layers[i] or {}), dim=x.numel())
                 name = applies[i]
                 lent = Lent().add("ctx.broadcast", bc.layers[i]).add("ctx.state", saved.layers[i])
                 with calling(name, round=t, client=client):
-                    delta = returned_vector(layer.client_apply(delta, t, client, lc), upload,
+                    delta = returned_vector(layer.client_apply(delta, t, client, lc), like,
                                             name, "the upload it returned", t, shaped)
                 lent.check(name, t, client)
                 kept.append(tensors(lc.state, name, "ctx.state", t) or None)

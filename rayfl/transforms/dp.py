@@ -74,7 +74,7 @@ class GaussianDP(Transform):
 
     name = "dp_gaussian"
     Params = GaussianDPParams
-    traits = LayerTraits(privatises=True)
+    traits = LayerTraits(privatises=True, upload_sums=True)
     #: the reports the user declared public (``privacy.public_reports``)
     public_reports: tuple[str, ...] = ()
     #: the mechanism's name in the privacy section, for its refusals
@@ -191,8 +191,8 @@ class GaussianDP(Transform):
     def noised_uploads(self, agg: Aggregate, t: int, clip: float) -> Aggregate:
         """The aggregate with every summed Upload entry noised as the update is (std z·S per
         number: each client clipped them with its update to one norm S), from a stream of
-        their own, in ``agg.uploaded``'s order."""
-        keys = summed_uploads(agg.extras, agg.uploaded)
+        their own, in the order of their keys."""
+        keys = sorted(summed_uploads(agg.extras, agg.uploaded))
         if not keys:
             return agg
         sizes = [agg.extras[k].numel() for k in keys]

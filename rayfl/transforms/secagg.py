@@ -48,7 +48,7 @@ class SecAgg(Transform):
 
     name = "secagg"
     Params = SecAggParams
-    traits = LayerTraits(transport=True)
+    traits = LayerTraits(transport=True, upload_sums=True)
 
     def __init__(self, params: SecAggParams | None = None, facts: Facts | None = None):
         super().__init__(params, facts)
