@@ -186,6 +186,15 @@ class Layer:
             return {self.traits.inner_model: inner}
         return {}
 
+    def check_reports(self, sent: list[tuple[str, str]], t: int | None) -> None:
+        """In a layer that privatises the upload: refuse what clients sent beside it that it
+        does not account for (``sent``: (sender, key), the reports no trait declares public);
+        by default every one."""
+        for sender, key in sent:
+            raise ComponentError(sender, f"sent {key!r} to the server beside the update that "
+                                         f"{name_of(type(self))} privatises: it leaves every "
+                                         "client unprivatised, outside its account", t)
+
     def fork(self, slot: Any, next_round: int, source: "Layer") -> Any:
         """The slot a run forked from ``source``'s checkpoint continues with from round
         ``next_round`` (ValueError saying why when it cannot)."""

@@ -105,6 +105,15 @@ class Seen(Transform):
         return delta
 
 
+class Some(Echo):
+    """Only even clients send their block; a plain report ``n`` from every client."""
+
+    def client_train(self, task, ctx):
+        y = ctx.train()
+        block = {"v": Upload(torch.ones(2, 3, dtype=y.dtype))} if task.client_id % 2 == 0 else {}
+        return ClientResult(y, {**block, "n": 1.0})
+
+
 class Narrow(Echo):
     """Uploads its update in float32 beside a float64 model, and no entry."""
 
@@ -117,6 +126,12 @@ class Privatiser(Transform):
     """Privatises the update's sum (its own way) and says nothing of Upload entries."""
 
     traits = LayerTraits(privatises=True)
+
+
+class PrivatiserWithSums(Privatiser):
+    """Says it acts on the Upload entries' sums (it does nothing to any sum)."""
+
+    traits = LayerTraits(privatises=True, upload_sums=True)
 
 
 class Uploader(Algorithm):
@@ -160,6 +175,18 @@ def test_without_layers_an_upload_entry_is_summed_and_counted_in_the_bytes():
     assert torch.equal(agg.extras["v"], sum(blocks))
     assert torch.equal(agg.delta_sum, sum(deltas))
     assert row["upload_bytes"] == 3 * (D + 6) * 8  # float64: the update and the block
+
+
+def test_upload_bytes_count_the_entries_of_the_clients_that_sent_them():
+    _, row = _round(Some())
+    assert row["upload_bytes"] == 8 * (2 * (D + 6) + D)  # clients 0 and 2 sent a block
+
+
+def test_a_user_privatising_layer_refuses_reports_beside_the_update_in_one_line():
+    with pytest.raises(ComponentError, match=r"Some\.client_train \(round 1\): sent 'n' to the "
+                                             r"server beside the update that tests\.test_uploads:"
+                                             r"PrivatiserWithSums privatises"):
+        _round(Some(), PrivatiserWithSums())
 
 
 def test_clipping_bounds_the_update_and_its_entries_as_one_vector():

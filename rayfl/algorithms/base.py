@@ -92,7 +92,8 @@ class Traits:
     client_state: Mapping[str, str] = field(default_factory=dict)
     #: its server step is x ← x − opt(D), so it takes any server optimiser (``server_opt``)
     server_opt: bool = False
-    #: its server update reads only Δ̄, so it is post-processing of DP-FedAvg's noised mean
+    #: its server update reads only what DP-FedAvg noises (Δ̄, the update's sum, the sums of
+    #: its Upload entries), so it is post-processing of the mechanism's release
     dp_post_processing: bool = False
     #: model buffers (BatchNorm statistics): each client keeps its own in its state (FedBN);
     #: False: clients start from the server's mean of the last round's client buffers

@@ -7,7 +7,7 @@ group order, so the floating-point result never depends on which actor ran which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -69,6 +69,8 @@ class PartialSum:
     extras: dict[str, Any] = field(default_factory=dict)  # the algorithm's payload sums
     rows: dict[str, tuple[list[int], list[torch.Tensor]]] = field(default_factory=dict)
     uploaded: tuple[str, ...] = ()  # payload keys sent as Upload entries, first seen first
+    #: str(numbers uploaded) -> clients, of the clients that sent Upload entries
+    upload_sizes: dict[str, int] = field(default_factory=dict)
     layers: list[dict[str, Any]] = field(default_factory=list)  # each layer's payload sums
     buffers_w: torch.Tensor | None = None  # Σ w_i b_i of the clients' model buffers
     updates: list[torch.Tensor] = field(default_factory=list)  # only with keep_updates
@@ -97,6 +99,10 @@ class PartialSum:
         self.samples += samples
         self.loss_sum += loss
         self.client_losses.append((int(client_id), float(loss)))
+        sent = sum(v.value.numel() for v in payload.values() if isinstance(v, Upload))
+        if any(isinstance(v, Upload) for v in payload.values()):
+            size = str(delta.numel() + sent)
+            self.upload_sizes[size] = self.upload_sizes.get(size, 0) + 1
         for k, v in payload.items():
             self._one_kind(k, _kind(v), where, t, client_id)
             if isinstance(v, Upload) and k not in self.uploaded:
@@ -136,6 +142,8 @@ class PartialSum:
         for k in (*other.extras, *other.rows):
             self._one_kind(k, (k in other.uploaded, k in other.rows), where, t, None)
         self.uploaded += tuple(k for k in other.uploaded if k not in self.uploaded)
+        for size, clients in other.upload_sizes.items():
+            self.upload_sizes[size] = self.upload_sizes.get(size, 0) + clients
         for k, v in other.extras.items():
             self.extras[k] = _add(self.extras.get(k), v, k, where, t, None)
         for k, (ids, rows) in other.rows.items():
@@ -177,6 +185,13 @@ class PartialSum:
         self.updates = [mv(v) for v in self.updates]
         return self
 
+    def upload_bytes(self, per_client: Callable[[int], float], dim: int) -> float:
+        """Bytes the clients uploaded: ``per_client(numbers)`` for each, numbers being ``dim``
+        or, for a client that sent Upload entries, ``dim`` and theirs."""
+        with_entries = sum(self.upload_sizes.values())
+        return (self.count - with_entries) * per_client(dim) + sum(
+            clients * per_client(int(size)) for size, clients in self.upload_sizes.items())
+
     def layer_sums(self, num_layers: int) -> tuple[dict, ...]:
         """Each layer's payload sums (empty dicts when no client completed)."""
         return tuple(self.layers) if self.layers else tuple({} for _ in range(num_layers))
@@ -197,12 +212,6 @@ class PartialSum:
             buffers_mean=None if self.buffers_w is None else self.buffers_w / self.weight_sum,
             updates=torch.stack(self.updates) if self.updates else None,
             uploaded=tuple(sorted(self.uploaded)))
-
-
-def upload_numel(agg: Aggregate, dim: int) -> int:
-    """Numbers one client uploads: the ``dim`` of its update and its :class:`Upload` entries'."""
-    return dim + sum(agg.extras[k].rows[0].numel() if isinstance(agg.extras[k], Collected)
-                     else agg.extras[k].numel() for k in agg.uploaded)
 
 
 def drift_metrics(agg: Aggregate, prev_delta_mean: torch.Tensor | None) -> dict[str, float]:

@@ -144,6 +144,9 @@ def discounted(ps: PartialSum, s: float) -> PartialSum:
                                delta_sq=float(torch.dot(delta.double(), delta.double())))
 
 
+#: a client's sum's fields that only Upload entries fill (a snapshot leaves them out when empty)
+UPLOAD_FIELDS = ("uploaded", "upload_sizes")
+
 #: the entries of an event loop's checkpoint snapshot (:meth:`AsyncLoop.snapshot`)
 SNAPSHOT = ("now", "version", "dispatches", "waves", "seq", "window_start", "jobs", "sent")
 
@@ -289,8 +292,8 @@ class AsyncLoop:
         results), models sent. The client-state versions are the round loop's (checkpointed)."""
         def job(j: Job) -> dict:
             out = {f.name: getattr(j, f.name) for f in fields(Job)}
-            out["result"] = None if j.result is None else {
-                k: v for k, v in vars(j.result).items() if k != "uploaded" or v}
+            out["result"] = None if j.result is None else {  # as before, without entries
+                k: v for k, v in vars(j.result).items() if k not in UPLOAD_FIELDS or v}
             return out
 
         return dict(zip(SNAPSHOT, (

@@ -28,7 +28,7 @@ import torch
 from rayfl.algorithms.base import Aggregate
 from rayfl.contract import calling, name_of
 from rayfl.layers import Broadcast, ServerState, Stack, tensors
-from rayfl.runtime.aggregate import PartialSum, drift_metrics, upload_numel
+from rayfl.runtime.aggregate import PartialSum, drift_metrics
 from rayfl.runtime.messages import Messages
 
 
@@ -184,8 +184,9 @@ class RoundLoop:
             with calling(name, round=t):
                 message = self.algorithm.round_message(new.x, new.algorithm, agg, t)
             self.messages.save(t, tensors(message, name, "its message", t))
-        per_client = self.stack.upload_bytes(upload_numel(agg, x.numel()), x.element_size())
-        return new, agg, {**own, "upload_bytes": per_client * total.count}
+        sent = total.upload_bytes(lambda n: self.stack.upload_bytes(n, x.element_size()),
+                                  x.numel())
+        return new, agg, {**own, "upload_bytes": sent}
 
     def run(self, state: ServerState, t: int, clients: np.ndarray, budgets, lr: float,
             num_sampled: int, keep_dir: str | None = None) -> RoundOutcome:
