@@ -99,22 +99,8 @@ class PartialSum:
         self.samples += samples
         self.loss_sum += loss
         self.client_losses.append((int(client_id), float(loss)))
-        sent = sum(v.value.numel() for v in payload.values() if isinstance(v, Upload))
-        if any(isinstance(v, Upload) for v in payload.values()):
-            size = str(delta.numel() + sent)
-            self.upload_sizes[size] = self.upload_sizes.get(size, 0) + 1
-        for k, v in payload.items():
-            self._one_kind(k, _kind(v), where, t, client_id)
-            if isinstance(v, Upload) and k not in self.uploaded:
-                self.uploaded += (k,)
-            if _kind(v)[1]:
-                ids, rows = self.rows.setdefault(k, ([], []))
-                _same_shape(rows, v.value, k, where, t, client_id)
-                ids.append(int(client_id))
-                rows.append(v.value)
-            else:
-                self.extras[k] = _add(self.extras.get(k), getattr(v, "value", v), k, where, t,
-                                      client_id)
+        if payload:
+            self._payload(client_id, delta.numel(), payload, where, t)
         if not self.layers:
             self.layers = [{} for _ in layer_payloads]
         for own, sums in zip(layer_payloads, self.layers):
@@ -124,6 +110,27 @@ class PartialSum:
             self.buffers_w = _sum(self.buffers_w, buffers * weight)
         if keep_update:
             self.updates.append(delta.clone())
+
+    def _payload(self, client_id: int, dim: int, payload: dict, where: str, t: int) -> None:
+        """Add one client's payload: each entry summed or collected as its kind says, and the
+        numbers it uploaded when it sent Upload entries."""
+        entries = [v.value.numel() for v in payload.values() if isinstance(v, Upload)]
+        if entries:
+            size = str(dim + sum(entries))
+            self.upload_sizes[size] = self.upload_sizes.get(size, 0) + 1
+        for k, v in payload.items():
+            upload, by_rows = kind = _kind(v)
+            self._one_kind(k, kind, where, t, client_id)
+            if upload and k not in self.uploaded:
+                self.uploaded += (k,)
+            if by_rows:
+                ids, rows = self.rows.setdefault(k, ([], []))
+                _same_shape(rows, v.value, k, where, t, client_id)
+                ids.append(int(client_id))
+                rows.append(v.value)
+            else:
+                self.extras[k] = _add(self.extras.get(k), getattr(v, "value", v), k, where, t,
+                                      client_id)
 
     def merge(self, other: "PartialSum") -> "PartialSum":
         """This sum followed by ``other`` (order matters for bitwise reproducibility)."""

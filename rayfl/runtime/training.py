@@ -98,9 +98,9 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext,
                                               and inner.dtype == x.dtype):
             fail(f"returned Upload payload entry {key!r} that is {describe(inner)}, not a "
                  f"tensor of the model's dtype {_of(x.dtype)} (it is sent joined to the upload)")
-    if any(isinstance(v, Upload) for v in result.payload.values()):  # sent, not trained
+    if result.payload and any(isinstance(v, Upload) for v in result.payload.values()):
         result.payload = {k: Upload(v.value.detach(), v.rows) if isinstance(v, Upload) else v
-                          for k, v in result.payload.items()}
+                          for k, v in result.payload.items()}  # sent, not trained
     if result.state is not None:
         problem = check_client_state(algorithm, result.state, x.numel())
         if problem:
@@ -166,6 +166,8 @@ def _of(dtype: torch.dtype) -> str:
 def joined(delta: Vec, payload: dict) -> Vec:
     """The upload the layers' client halves see: Δ_i followed by every :class:`Upload`
     payload entry, flattened, in the order of their keys (Δ_i alone when there is none)."""
+    if not payload:
+        return delta
     sent = [payload[k].value.reshape(-1).to(delta.device) for k in sorted(payload)
             if isinstance(payload[k], Upload)]
     return torch.cat([delta, *sent]) if sent else delta
