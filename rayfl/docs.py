@@ -124,8 +124,8 @@ The two sections are presets of the list: `compression: {method: M, <keys>}` is 
 list is the `privacy` section (a config gives one or the other).
 Every step reports the bytes a client uploads for its update (`upload_bytes` per round in
 metrics.parquet; an algorithm's `Upload` payload entries are part of the upload and counted,
-its other payload is not; the virtual clock times the update's upload alone). Error-feedback residuals are client state in the state store (checkpointed,
-resumed).
+its other payload is not; the virtual clock times the update's upload alone). Error-feedback
+residuals are client state in the state store (checkpointed, resumed).
 SecAgg's dropped clients are the availability model's dropped clients: the sum is over the
 clients that completed. The robust rules (`median`, `trimmed_mean`, `krum`) replace the mean
 by a statistic of every update at once, so the server holds the round's m updates (m × d

@@ -574,9 +574,8 @@ class Stack:
         algorithm's update with the server optimiser, the layers' halves on the way out;
         returns (state, the aggregate as the algorithm saw it, metrics)."""
         self.payload_sums(sums, t)
-        noised = summed_uploads(agg.extras, agg.uploaded)
-        self.check_uploads(agg.uploaded, [k for k in agg.uploaded if k not in noised], t)
-        self.check_reports([k for k in agg.extras if k not in noised], sums, t)
+        rows = [k for k, v in agg.extras.items() if isinstance(v, Collected)]
+        self.check_payload([k for k in agg.extras if k not in rows], rows, agg.uploaded, sums, t)
         srv = ServerRound(t, state.x, self.algorithm.num_clients, self.optimizer,
                           state.server_opt)
         slots, metrics, owners = self._slots(state), {}, {}
@@ -642,6 +641,15 @@ class Stack:
                  for i, (layer, own) in enumerate(zip(self.layers, sums)) if layer is not guard
                  for key in own if key not in layer.traits.public_reports]
         guard.check_reports(sent, t)
+
+    def check_payload(self, summed: list[str], rows: list[str], uploaded, sums: tuple,
+                      t: int | None) -> None:
+        """Refuse what the algorithm sent (its ``summed`` and ``rows`` payload keys, of which
+        ``uploaded`` came as Upload entries) that its layers cannot carry or account for:
+        :meth:`check_uploads`, then :meth:`check_reports` of everything but the summed Upload
+        entries (a privatising layer noises those)."""
+        self.check_uploads(uploaded, [k for k in rows if k in uploaded], t)
+        self.check_reports([k for k in summed if k not in uploaded] + list(rows), sums, t)
 
     def check_uploads(self, uploaded, rows: list[str], t: int | None) -> None:
         """Refuse the algorithm's :class:`~rayfl.algorithms.base.Upload` entries a layer cannot

@@ -158,10 +158,10 @@ def _train_one_client(cfg, handle, worker, client_id: int) -> bool:
     for acc in sums.values():  # what the layers' client halves put in their payloads
         stack.payload_sums(acc.layer_sums(len(stack.layers)), 0)
     total = merge(sums[g] for g in sorted(sums))
-    stack.check_uploads(total.uploaded, [k for k in total.rows if k in total.uploaded], 0)
+    stack.check_payload(list(total.extras), list(total.rows), total.uploaded,
+                        total.layer_sums(len(stack.layers)), 0)
     refuse_uploads(cfg.aggregation.mode, total.uploaded, stack.algorithm, 0)
     sent = [*(k for k in total.extras if k not in total.uploaded), *total.rows]
-    stack.check_reports(sent, total.layer_sums(len(stack.layers)), 0)
     if cfg.privacy is not None:
         check_sent(cfg.privacy, {*sent, *(k for own in total.layers for k in own)},
                    total.uploaded)

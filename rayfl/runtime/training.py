@@ -165,7 +165,7 @@ def _of(dtype: torch.dtype) -> str:
 
 def joined(delta: Vec, payload: dict) -> Vec:
     """The upload the layers' client halves see: Δ_i followed by every :class:`Upload`
-    payload entry, flattened, in the order of their keys (Δ_i alone when there is none)."""
+    payload entry, flattened, sorted by key (Δ_i alone when there is none)."""
     if not payload:
         return delta
     sent = [payload[k].value.reshape(-1).to(delta.device) for k in sorted(payload)

@@ -89,8 +89,8 @@ class SecAgg(Transform):
         if not agg.count:  # nobody completed: nothing was masked, there is no mean
             return agg, slot, {}
         total = self.decode(agg.delta_sum)
-        extras = {k: self.decode(v) if k in summed_uploads(agg.extras, agg.uploaded) else v
-                  for k, v in agg.extras.items()}
+        sums = summed_uploads(agg.extras, agg.uploaded)
+        extras = {k: self.decode(v) if k in sums else v for k, v in agg.extras.items()}
         return dataclasses.replace(agg, delta_sum=total, extras=extras,
                                    delta_mean=total / agg.weight_sum,
                                    delta_sq_sum=float("nan")), slot, {}
