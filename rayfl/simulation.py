@@ -98,17 +98,22 @@ def _start(cfg: Config, handle, stack, executor, run_dir: str, resume: bool):
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
     # built once, for every actor (passed by value: a restarted actor is built from it again)
     parts = WorkerParts.of(cfg, handle.num_clients, stack)
+    started_at = time.time()  # the server, on this node, times the actors' start-up from it
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
                                   runtime_env={"env_vars": env} if env else None)
               .remote(parts, handle, state_root, budget) for n in names]
-    tick = time.perf_counter()
-    placement = ray.get([a.ready.remote() for a in actors])
-    startup_s = time.perf_counter() - tick  # a restarted actor gets it on top of the deadline
-    write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
+    # the server's process starts beside the actors', not after them
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume, startup_s, parts, executor)
+        cfg, handle, run_dir, names, resume, started_at, parts, executor)
+    try:
+        placement = ray.get([a.ready.remote() for a in actors])
+    except BaseException:
+        for a in [server, *actors]:
+            ray.kill(a)
+        raise
+    write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     return server, actors
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.lines import Line2D
 
+from rayfl.deferred import deferred
 from rayfl.metrics.plots import figure
+
+lines = deferred("matplotlib.lines")
 
 MARKERS = {"model": {"marker": "^", "color": "k", "ms": 8},  # the paper's black triangles
            "average": {"marker": "x", "color": "w", "ms": 10, "mew": 2.5},  # its white cross
@@ -66,11 +68,11 @@ def plot_planes(results: list, path: str) -> None:
         _contour(axes[1, j], res, res.error, f"{res.name}: error")
     fig.suptitle(f"loss / error on {results[0].data}", fontsize=9)
     grey = {"mec": "k", "mfc": "0.6"}
-    handles = [Line2D([], [], ls="", label="the plane's three models", **MARKERS["model"]),
-               Line2D([], [], ls="", label="their plain average",
+    handles = [lines.Line2D([], [], ls="", label="the plane's three models", **MARKERS["model"]),
+               lines.Line2D([], [], ls="", label="their plain average",
                       **{**MARKERS["average"], "color": "0.3"}),
-               Line2D([], [], ls="", label="marked model (projected)", **MARKERS["mark"]),
-               Line2D([], [], ls="", marker="*", ms=9, label="grid minimum", **grey)]
+               lines.Line2D([], [], ls="", label="marked model (projected)", **MARKERS["mark"]),
+               lines.Line2D([], [], ls="", marker="*", ms=9, label="grid minimum", **grey)]
     fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     fig.savefig(path)

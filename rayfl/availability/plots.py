@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
+from rayfl.deferred import deferred
 from rayfl.metrics.tables import read_rows
+
+backend_agg, mpl_figure = deferred("matplotlib.backends.backend_agg"), deferred("matplotlib.figure")
 
 
 def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLike) -> None:
@@ -24,8 +24,8 @@ def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLik
         x, xlabel = [s / 3600.0 for s in starts], "virtual time (hours)"
     else:
         x, xlabel = [r.get("round", i + 1) for i, r in enumerate(rows)], "round"
-    fig = Figure(figsize=(6.4, 5.6), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = mpl_figure.Figure(figsize=(6.4, 5.6), dpi=120)
+    backend_agg.FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     top.plot(x, [r["online"] for r in rows], lw=1.5, label="online")
     top.set_ylabel("clients online")

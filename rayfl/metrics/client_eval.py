@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from rayfl.metrics.files import write_parquet
-from rayfl.metrics.plots import MaxNLocator, evaluated, figure
+from rayfl.metrics.plots import evaluated, figure, ticker
 from rayfl.metrics.tables import read_rows
 
 STATS = ("mean", "p10", "p50", "p90", "worst10")
@@ -101,7 +101,7 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
         ax.plot(*zip(*[(t, 100 * v) for t, v in test]), color="black", lw=1.0, alpha=0.6,
                 label="global test set (reference)")
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_ylabel("accuracy on clients' held-out rows (%)")
     ax.set_ylim(0, 100)
     ax.set_title(title)
@@ -118,7 +118,7 @@ def plot_client_accuracy(rows: list[dict], client_rows: list[dict], path: str,
         hist.hist(personal, bins=bins, color="tab:orange", alpha=0.6, label="after fine-tuning")
     hist.set_xlabel("client accuracy (%)")
     hist.set_ylabel("clients")
-    hist.yaxis.set_major_locator(MaxNLocator(integer=True))
+    hist.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     hist.set_title(f"last evaluation (round {last}): {len(final)} clients")
     hist.legend(fontsize=7)
     hist.grid(alpha=0.3)

@@ -9,14 +9,16 @@ lines join the evaluated rounds.
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+from rayfl.deferred import deferred
+
+mpl_figure, ticker = deferred("matplotlib.figure"), deferred("matplotlib.ticker")
 
 
-def figure(**kwargs) -> Figure:
+def figure(**kwargs) -> mpl_figure.Figure:
     """A figure of its own, outside pyplot: writing it never touches the backend or the open
     figures of the process (a notebook that imports rayfl keeps its inline plots)."""
-    return Figure(dpi=120, **kwargs)
+    return mpl_figure.Figure(dpi=120, **kwargs)
 
 
 def evaluated(rows: list[dict], key: str = "test_accuracy") -> list[tuple[int, float]]:
@@ -27,7 +29,7 @@ def evaluated(rows: list[dict], key: str = "test_accuracy") -> list[tuple[int, f
 
 def _finish(fig, ax, path: str, title: str, legend: bool) -> None:
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from rayfl.deferred import deferred
 from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
+
+backend_agg, mpl_figure = deferred("matplotlib.backends.backend_agg"), deferred("matplotlib.figure")
 
 
 def load_rows(run_dir: str) -> list[dict]:
@@ -63,8 +64,8 @@ def plot(runs: dict[str, list[dict]], path: str) -> None:
     staleness histograms (right)."""
     hists = {n: staleness_histogram(rows) for n, rows in runs.items()}
     hists = {n: h for n, h in hists.items() if h.sum()}
-    fig = Figure(figsize=(11, 4.2) if hists else (7, 4.2), dpi=120)
-    FigureCanvasAgg(fig)
+    fig = mpl_figure.Figure(figsize=(11, 4.2) if hists else (7, 4.2), dpi=120)
+    backend_agg.FigureCanvasAgg(fig)
     acc, tau = fig.subplots(1, 2, width_ratios=[3, 2]) if hists else (fig.subplots(), None)
     for name, rows in runs.items():
         pts = [(r["virtual_time_s"] / 3600, 100 * r["test_accuracy"]) for r in rows

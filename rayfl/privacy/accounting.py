@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting import pld, rdp
 
+from rayfl.deferred import deferred
 from rayfl.privacy import fedavg, tree
 from rayfl.privacy.participation import Schema
+
+dpa, pld, rdp = (deferred(f"dp_accounting{m}") for m in ("", ".pld", ".rdp"))
 
 
 @dataclass(frozen=True)

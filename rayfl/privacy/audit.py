@@ -43,13 +43,15 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-from scipy import optimize, stats
 
 from rayfl import rng
+from rayfl.deferred import deferred
 from rayfl.metrics.files import write_json
 from rayfl.privacy.accounting import schema_of
 from rayfl.privacy.participation import Participation, Schema
 from rayfl.schema import ConfigError
+
+optimize, stats = deferred("scipy.optimize"), deferred("scipy.stats")
 
 FILE = "privacy_audit.json"
 

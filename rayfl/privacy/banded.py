@@ -32,9 +32,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from scipy import optimize, signal
 
 from rayfl import rng
+from rayfl.deferred import deferred
+
+optimize, signal = deferred("scipy.optimize"), deferred("scipy.signal")
 
 
 

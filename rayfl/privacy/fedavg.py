@@ -22,8 +22,9 @@ import contextlib
 import logging
 import math
 
-import dp_accounting as dpa
-from dp_accounting import pld, rdp
+from rayfl.deferred import deferred
+
+dpa, pld, rdp = (deferred(f"dp_accounting{m}") for m in ("", ".pld", ".rdp"))
 
 
 #: the neighbouring relation ε is stated under, by sampling mode

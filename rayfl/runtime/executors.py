@@ -32,7 +32,8 @@ class Hosting:
     """What an executor is built from in the server: the client workers' parts as the driver
     built them, the partition store's handle, where client state lives, the ``runtime``
     section, the clients' sizes, and (``on_ray`` executors) the client actors the driver
-    started, with how long they took to start."""
+    started, with when it started them (``time.time()`` on the driver's node, where the server
+    runs)."""
 
     parts: WorkerParts
     handle: Any
@@ -40,7 +41,7 @@ class Hosting:
     runtime: Any  # rayfl.runtime.config.RuntimeConfig
     sizes: np.ndarray
     actor_names: list[str] | None = None
-    startup_s: float = 0.0
+    started_at: float | None = None
 
     def worker(self, share: int = 1) -> ClientWorker:
         """A client worker in this process with 1/``share`` of the state memory budget."""
@@ -96,9 +97,15 @@ class RayExecutor:
 
     @classmethod
     def build(cls, hosting: Hosting) -> "RayExecutor":
+        """The executor on the actors the driver started (the server starts beside them): once
+        they are ready, how long they took is what a restarted one gets on top of the
+        deadline."""
         rt = hosting.runtime
+        actors = [ray.get_actor(n) for n in hosting.actor_names]
+        ray.get([a.ready.remote() for a in actors])
+        startup_s = 0.0 if hosting.started_at is None else time.time() - hosting.started_at
         return cls(hosting.actor_names, hosting.sizes, rt.actor_timeout_s,
-                   rt.max_actor_restarts, hosting.startup_s)
+                   rt.max_actor_restarts, startup_s)
 
     def _wait(self, refs: list, owners: list) -> list[dict]:
         """Results of ``refs`` in order, killing (so restarting) owners that exceed the

@@ -41,10 +41,10 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actor_startup_s: float = 0.0,
+                 resume: bool = False, actors_started_at: float | None = None,
                  parts: WorkerParts | None = None, executor=None):
         """``actor_names``: the client actors an ``on_ray`` executor trains on;
-        ``actor_startup_s``: how long they took to start (a restarted one gets it again);
+        ``actors_started_at``: when the driver started them (``time.time()``);
         ``parts``: the client workers' parts as the driver built them, the run's stack among
         them (None: built here); ``executor``: the executor class as the driver resolved it
         (None: ``runtime.executor``'s)."""
@@ -71,7 +71,7 @@ class Server:
         self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
         kind = executor or registry.resolve("executor", cfg.runtime.executor)
         executor = built(kind, Hosting(parts, handle, self.state_root, cfg.runtime, self.sizes,
-                                       actor_names, actor_startup_s))
+                                       actor_names, actors_started_at))
         self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
                               Messages(self.state_root))
         self.asynchronous = async_loop.for_server(cfg.aggregation, cfg.clients_per_round,
