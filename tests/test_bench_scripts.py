@@ -53,3 +53,10 @@ def test_bench_client_path_prints_both_sides_and_the_pieces():
     assert re.match(rf"besides training: -?{NUMBER} µs a client \({NUMBER}×\)", lines[3]), lines
     assert lines[4] == "per-client pieces alone, µs:" and len(lines) == 10, lines
     assert all(re.match(rf"\s+{NUMBER}  \S", line) for line in lines[5:]), lines
+
+
+def test_bench_startup_prints_each_pass_and_the_spread():
+    lines = _run("bench_startup.py", "--passes", "1")
+    assert lines[0] == "pass | import rayfl s | run on 2 actors s | in process s | launch s"
+    assert re.fullmatch(rf"1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| -?{NUMBER}", lines[1]), lines
+    assert re.fullmatch(rf"min–max( \| -?{NUMBER}–-?{NUMBER}){{4}}", lines[2]), lines
