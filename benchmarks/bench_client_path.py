@@ -58,13 +58,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.chunks < 2 or args.chunk < 1 or args.chunk > args.clients:
         ap.error("expected --chunks ≥ 2 and 1 ≤ --chunk ≤ --clients")
-    from rayfl.runtime.client_actor import ClientWorker, WorkerParts
+    from rayfl.assemble import worker_parts
+    from rayfl.runtime.client_actor import ClientWorker
     from rayfl.runtime.executors import numpy_tree
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="rayfl-client-path-") as work:
         cfg, handle = load(args.clients, args.chunk, 3, work)
-        parts = WorkerParts.of(cfg, handle.num_clients)
+        parts = worker_parts(cfg, handle.num_clients)
         worker = ClientWorker(parts, handle, os.path.join(work, "state"), 2**30)
         plain = PlainClients(cfg, handle)
         bc = parts.stack.broadcast(parts.stack.init(worker.model.w.detach().clone()), 0)

@@ -1,14 +1,20 @@
-"""The run's layer stack built from its config: the algorithm with its server optimiser and the
-layers around it (:class:`~rayfl.layers.Stack`, :mod:`rayfl.layer_list`)."""
+"""The run's parts built from its config, each from its own sections, once on the driver: the
+layer stack (the algorithm with its server optimiser and the layers around it,
+:class:`~rayfl.layers.Stack`, :mod:`rayfl.layer_list`), the client workers' parts and what the
+round planner is made of; the server and the actors get them by value."""
 
 from __future__ import annotations
 
 from rayfl.algorithms import registry
 from rayfl.algorithms.checks import effective_weighting
 from rayfl.algorithms.server_opt import ServerOpt
+from rayfl.availability import Sampling
 from rayfl.contract import ComponentError, calling, describe, expect, name_of
 from rayfl.layer_list import built
 from rayfl.layers import Facts, Stack
+from rayfl.runtime import checkpoint
+from rayfl.runtime.client_actor import WorkerParts
+from rayfl.runtime.local import spec_from_config
 from rayfl.schema import ConfigError
 
 
@@ -30,6 +36,25 @@ def stack(cfg, num_clients: int) -> Stack:
         opt = server_opt_of(o, lr)
     facts = Facts(cfg.seed, cfg.rounds, cfg.clients_per_round, num_clients, opt.adaptive)
     return Stack.of(algo, opt, built(cfg, facts))
+
+
+def worker_parts(cfg, num_clients: int, run_stack: Stack | None = None) -> WorkerParts:
+    """What every client worker of the run is built from (``run_stack``: the run's, built
+    already; None: a stack of their own)."""
+    rt = cfg.runtime
+    return WorkerParts(run_stack or stack(cfg, num_clients), cfg.model,
+                       spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor,
+                       rt.gpus_per_actor, checkpoint.state_stamp(checkpoint.identity(cfg)),
+                       rt.deterministic_gpu)
+
+
+def sampling(cfg) -> Sampling:
+    """What the run's round planner is made of: the ``availability`` and ``selection``
+    sections, clients a round, the seed, each client's steps (``local``) and whether
+    ``privacy.sampling`` is Poisson's."""
+    return Sampling(cfg.availability, cfg.selection, cfg.clients_per_round, cfg.seed,
+                    spec_from_config(cfg.local),
+                    cfg.privacy is not None and cfg.privacy.sampling == "poisson")
 
 
 def server_opt_of(section, lr: float):

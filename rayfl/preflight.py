@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from ray import cloudpickle
 
-from rayfl import layer_list, registry, rng
+from rayfl import assemble, layer_list, registry, rng
 from rayfl.availability import run_sampler
 from rayfl.contract import ComponentError, _is_user_frame, user_frames
 from rayfl.privacy.rules import check_sent
@@ -68,24 +68,30 @@ def user_components(cfg) -> dict[str, bool]:
             or bool(layer_list.user_classes(cfg))}
 
 
-def run(cfg, handle, stack, executor) -> None:
-    """Run each of the user's components of ``cfg`` once on the data behind ``handle`` (on a
-    stack of their own: ``stack``, the run's, is only checked to pickle when the ``executor``
-    class copies the parts); a broken contract raises (ComponentError or ConfigError), nothing
+def run(cfg, parts) -> None:
+    """Run each of the user's components of ``cfg`` once on the data behind ``parts.handle``
+    (:class:`rayfl.simulation.Parts`, the run's, built on the driver). The client trains on
+    workers' parts of its own, built as the run's were, so that what the user's code keeps
+    from it never reaches the run; the run's stack is only checked to pickle when the executor
+    class copies the parts. A broken contract raises (ComponentError or ConfigError), nothing
     is written."""
-    user = user_components(cfg)
+    user, handle, executor = user_components(cfg), parts.handle, parts.executor
     if executor.on_ray or getattr(executor, "copies_parts", False):
-        _sendable(cfg, stack)
-    if not executor_kind.is_builtin(executor) and not executor.on_ray:
-        _build_executor(cfg, handle, executor)
+        _sendable(cfg, parts.stack)
+    own_executor = not executor_kind.is_builtin(executor) and not executor.on_ray
+    if not (own_executor or user["sampling"] or user["training"]):
+        return
+    own = assemble.worker_parts(cfg, handle.num_clients)
+    if own_executor:
+        _build_executor(cfg, handle, own, executor)
     if not (user["sampling"] or user["training"]):
         return
     place: dict = {"round": 0}  # where the user's code runs, for an error that names it
     with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp, \
             _named_by_frames(place):
-        worker = _worker(cfg, handle, tmp)
+        worker = _worker(cfg, handle, own, tmp)
         if user["sampling"]:
-            _plan_first_round(cfg, handle, worker)
+            _plan_first_round(cfg, parts.sampling, handle, worker)
         if user["training"]:
             place["client"] = _smallest_client(handle.sizes())
             if place["client"] is not None and \
@@ -99,25 +105,27 @@ def run(cfg, handle, stack, executor) -> None:
                                   "timing")
 
 
-def _build_executor(cfg, handle, executor) -> None:
-    """A user's executor built once on a stack of its own, its client state in a scratch
-    directory: ``build`` must return an object answering every call of the runtime."""
+def _build_executor(cfg, handle, own: WorkerParts, executor) -> None:
+    """A user's executor built once on the pre-flight's own workers' parts, its client state in
+    a scratch directory: ``build`` must return an object answering every call of the
+    runtime."""
     with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp:
-        executor_kind.built(executor, Hosting(WorkerParts.of(cfg, handle.num_clients), handle,
-                                              tmp, cfg.runtime, handle.sizes()))
+        executor_kind.built(executor, Hosting(own, handle, tmp, cfg.runtime, handle.sizes()))
 
 
-def _worker(cfg, handle, state_root: str):
-    """A client worker on the CPU of this process, its client state under ``state_root``."""
-    cpu = dataclasses.replace(WorkerParts.of(cfg, handle.num_clients), gpus=0.0)
+def _worker(cfg, handle, own: WorkerParts, state_root: str):
+    """A client worker of ``own`` parts on the CPU of this process, its client state under
+    ``state_root``."""
+    cpu = dataclasses.replace(own, gpus=0.0)
     return ClientWorker(cpu, handle, state_root, cfg.runtime.state_memory_mb * 2**20)
 
 
-def _plan_first_round(cfg, handle, worker) -> None:
-    """The availability model and the selector plan round 1 (t = 0) over the real population;
-    then the selector's state is checked to fit a checkpoint."""
+def _plan_first_round(cfg, sampling, handle, worker) -> None:
+    """The availability model and the selector plan round 1 (t = 0) over the real population,
+    from what the run's planner is made of (``sampling``); then the selector's state is
+    checked to fit a checkpoint."""
     w = worker.model.w
-    sampler = run_sampler(cfg, handle, worker.stack, w)
+    sampler = run_sampler(sampling, handle, worker.stack, w)
     losses = None
     if sampler.selector.scores_candidates:
         point = w.detach().cpu().numpy()

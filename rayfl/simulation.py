@@ -21,7 +21,7 @@ from rayfl import assemble, compat, failures, layer_list, registry, rundir
 from rayfl import config as config_mod
 from rayfl import preflight as user_preflight
 from rayfl.algorithms.checks import check_model
-from rayfl.availability import check_files
+from rayfl.availability import Sampling, check_files
 from rayfl.config import Config, ConfigError
 from rayfl.contract import own_exits
 from rayfl.data import prepare
@@ -89,24 +89,22 @@ def _check_local_ray(cfg: Config) -> None:
                           "process); join a cluster with runtime.address")
 
 
-def _start(cfg: Config, handle, stack, executor, run_dir: str, resume: bool):
+def _start(cfg: Config, parts, run_dir: str, resume: bool):
     rt = cfg.runtime
     tag = os.path.basename(run_dir)
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
     state_root = storage.state_root(cfg, run_dir)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
-    # built once, for every actor (passed by value: a restarted actor is built from it again)
-    parts = WorkerParts.of(cfg, handle.num_clients, stack)
     started_at = time.time()  # the server, on this node, times the actors' start-up from it
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
                                   max_restarts=rt.max_actor_restarts,
                                   max_task_retries=rt.max_actor_restarts,
                                   runtime_env={"env_vars": env} if env else None)
-              .remote(parts, handle, state_root, budget) for n in names]
+              .remote(parts.worker, parts.handle, state_root, budget) for n in names]
     # the server's process starts beside the actors', not after them
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, handle, run_dir, names, resume, started_at, parts, executor)
+        cfg, parts, run_dir, names, resume, started_at)
     try:
         placement = ray.get([a.ready.remote() for a in actors])
     except BaseException:
@@ -192,7 +190,7 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     return " | ".join(parts)
 
 
-def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, quiet: bool,
+def _run_here(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
               max_rounds: int | None, on_round) -> dict:
     """The whole run in this process (an executor not ``on_ray``: in-process, threads): no
     Ray at all."""
@@ -205,9 +203,7 @@ def _run_here(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, 
 
     try:  # the caller's generators and torch threads as they were (a notebook's)
         with own_exits(), user_preflight.untouched_globals():
-            parts = WorkerParts.of(cfg, handle.num_clients, stack)
-            return Server(cfg, handle, run_dir, None, resume, parts=parts,
-                          executor=executor).run(max_rounds, show)
+            return Server(cfg, parts, run_dir, None, resume).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
@@ -221,16 +217,15 @@ def _check_max_rounds(max_rounds: int | None) -> None:
                           "pausing)")
 
 
-def _execute(cfg: Config, handle, stack, executor, run_dir: str, resume: bool, quiet: bool,
+def _execute(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
-    if not executor.on_ray:
-        summary = _run_here(cfg, handle, stack, executor, run_dir, resume, quiet, max_rounds,
-                            on_round)
+    if not parts.executor.on_ray:
+        summary = _run_here(cfg, parts, run_dir, resume, quiet, max_rounds, on_round)
     else:
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
-        server, actors = _start(cfg, handle, stack, executor, run_dir, resume)
+        server, actors = _start(cfg, parts, run_dir, resume)
         ended = None  # the MLflow run's status when the driver stops the run
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
@@ -292,15 +287,22 @@ def check_request(cfg: Config, max_rounds: int | None) -> None:
 
 
 class Parts(NamedTuple):
-    """What a launch hands down, built once on the driver: the partition store's handle, the
-    run's stack (algorithm, layers, server optimiser), sent by value to the server and every
-    client actor, and the executor class the server trains on; ``x`` is what a checkpoint's
-    model must be (its length and dtype)."""
+    """What a launch hands down, built once on the driver and sent by value: the partition
+    store's handle; the client workers' parts (:class:`WorkerParts`), the run's stack among
+    them (algorithm, layers, server optimiser), the same in the server and every client actor;
+    what the round planner is made of; the executor class the server trains on; and ``x``, what
+    a checkpoint's model must be (its length and dtype)."""
 
     handle: Any
-    stack: Any
+    worker: WorkerParts
+    sampling: Sampling
     executor: Any
     x: tuple[int, Any]
+
+    @property
+    def stack(self):
+        """The run's :class:`~rayfl.layers.Stack`."""
+        return self.worker.stack
 
 
 def preflight(cfg: Config, run_dir: str | None = None) -> Parts:
@@ -319,11 +321,12 @@ def preflight(cfg: Config, run_dir: str | None = None) -> Parts:
         check_regime(cfg.data, handle)
         check_single_rows(model, handle, cfg.local.batch_size)
         check_files(cfg.availability, handle.num_clients)
-        stack = assemble.stack(cfg, handle.num_clients)  # the layers and server optimiser build
-        executor = executor_of(cfg)
-        user_preflight.run(cfg, handle, stack, executor)  # the user's components once
+        # the layers and the server optimiser build, once
+        parts = Parts(handle, assemble.worker_parts(cfg, handle.num_clients),
+                      assemble.sampling(cfg), executor_of(cfg), flat_spec(model))
+        user_preflight.run(cfg, parts)  # the user's components once
     check_mlflow(cfg.loggers, run_dir)
-    return Parts(handle, stack, executor, flat_spec(model))
+    return parts
 
 
 def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: bool,
@@ -357,8 +360,7 @@ def launch(cfg: Config, parts, run_dir: str, *, resume: bool, new: bool, quiet: 
             recorded = rundir.rows_recorded(run_dir)  # a fork's copied rounds
         provenance.record(run_dir, cfg, **({"forked_from": forked_from} if forked_from
                                            else {}))
-        return _execute(cfg, parts.handle, parts.stack, parts.executor, run_dir, resume, quiet,
-                        max_rounds, on_round)
+        return _execute(cfg, parts, run_dir, resume, quiet, max_rounds, on_round)
     except failures.CLEAR:
         if new and recorded in (None, rundir.rows_recorded(run_dir)):
             _remove_new_run(cfg, run_dir, created, existed)  # the lock still held

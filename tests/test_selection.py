@@ -52,11 +52,12 @@ def test_power_of_choice_samples_the_highest_loss_of_candidates_drawn_by_size(d)
 
 def test_candidate_losses_are_each_clients_training_loss_at_the_global_model(tiny):
     """The executor's scores against torch on the client's training rows."""
-    from rayfl.runtime.client_actor import ClientWorker, WorkerParts
+    from rayfl.assemble import worker_parts
+    from rayfl.runtime.client_actor import ClientWorker
 
     cfg = config_mod.load(TINY, tiny + POC)
     handle = prepare(cfg.data, cfg.seed)
-    worker = ClientWorker(WorkerParts.of(cfg, handle.num_clients), handle,
+    worker = ClientWorker(worker_parts(cfg, handle.num_clients), handle,
                           str(tiny[0].split("=", 1)[1]), 0)
     torch.manual_seed(1)
     module = build_for(cfg.model, handle)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from rayfl.availability.base import AvailabilityModel, Context, RoundPlan
 from rayfl.availability.config import AvailabilityConfig
 from rayfl.availability.devices import _read_capacity
@@ -9,7 +12,7 @@ from rayfl.availability.labels import LabelStats
 from rayfl.availability.sampler import Sampler
 from rayfl.availability.trace import Trace
 from rayfl.contract import calling, name_of
-from rayfl.runtime.local import spec_from_config
+from rayfl.runtime.local import LocalSpec
 
 
 def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: int, spec,
@@ -32,18 +35,30 @@ def make_sampler(cfg: AvailabilityConfig, handle, clients_per_round: int, seed: 
                    poisson_rate, upload_bytes, selection)
 
 
-def run_sampler(cfg, handle, stack, w) -> Sampler:
-    """The run's round planner, the same for the server and the pre-flight: ``cfg`` the run's
-    config (its availability, selection, local and privacy sections), ``stack`` its layers
-    (what a client uploads), ``w`` the model's flat parameters (what is sent down)."""
-    poisson = cfg.privacy is not None and cfg.privacy.sampling == "poisson"
-    size = w.element_size()
+@dataclass(frozen=True)
+class Sampling:
+    """What a run's round planner is made of (:func:`rayfl.assemble.sampling` reads it from
+    the run's sections, once): the ``availability`` and ``selection`` sections, clients a
+    round, the seed, each client's steps, and whether clients are sampled by Poisson (the
+    privacy mechanism's sampling)."""
+
+    availability: AvailabilityConfig
+    selection: Any  # rayfl.selection.config.SelectionConfig
+    per_round: int
+    seed: int
+    spec: LocalSpec
+    poisson: bool
+
+
+def run_sampler(sampling: Sampling, handle, stack, w) -> Sampler:
+    """The run's round planner, the same for the server and the pre-flight: ``stack`` its
+    layers (what a client uploads), ``w`` the model's flat parameters (what is sent down)."""
+    s, size = sampling, w.element_size()
     return make_sampler(
-        cfg.availability, handle, cfg.clients_per_round, cfg.seed, spec_from_config(cfg.local),
-        model_bytes=w.numel() * size,
-        poisson_rate=cfg.clients_per_round / handle.num_clients if poisson else None,
+        s.availability, handle, s.per_round, s.seed, s.spec, model_bytes=w.numel() * size,
+        poisson_rate=s.per_round / handle.num_clients if s.poisson else None,
         upload_bytes=stack.upload_bytes(w.numel(), size) if stack.layers else None,
-        selection=cfg.selection)
+        selection=s.selection)
 
 
 def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
@@ -56,4 +71,4 @@ def check_files(cfg: AvailabilityConfig, num_clients: int) -> None:
 
 
 __all__ = ["AvailabilityConfig", "AvailabilityModel", "Context", "RoundPlan", "Sampler",
-           "check_files", "make_sampler"]
+           "Sampling", "check_files", "make_sampler"]

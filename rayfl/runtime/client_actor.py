@@ -21,16 +21,14 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import assemble
 from rayfl.contract import Lent, calling, name_of
 from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
-from rayfl.runtime import checkpoint
 from rayfl.runtime.client_eval import score_clients
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
-from rayfl.runtime.local import DeviceIndices, LocalSpec, spec_from_config
+from rayfl.runtime.local import DeviceIndices, LocalSpec
 from rayfl.runtime.memory import peak_rss_mb, private_mb
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
@@ -72,7 +70,8 @@ class WorkerParts:
     """What a client actor is built from, each part from its own config section, built once on
     the driver and sent to every actor: the run's layers, the ``model`` section, the local
     optimiser, the seed, the actor's CPU and GPU share, and the run's stamp on client-state files
-    (:func:`rayfl.runtime.checkpoint.state_stamp`)."""
+    (:func:`rayfl.runtime.checkpoint.state_stamp`); :func:`rayfl.assemble.worker_parts` builds
+    them."""
 
     stack: Stack
     model: Any  # rayfl.models.config.ModelConfig
@@ -82,14 +81,6 @@ class WorkerParts:
     gpus: float
     stamp: dict | None = None
     deterministic_gpu: bool = False
-
-    @classmethod
-    def of(cls, cfg, num_clients: int, stack: Stack | None = None) -> "WorkerParts":
-        """The parts of a run's config (``stack``: the one the caller built already)."""
-        rt = cfg.runtime
-        return cls(stack or assemble.stack(cfg, num_clients), cfg.model,
-                   spec_from_config(cfg.local), cfg.seed, rt.cpus_per_actor, rt.gpus_per_actor,
-                   checkpoint.state_stamp(checkpoint.identity(cfg)), rt.deterministic_gpu)
 
 
 def inject_fault(t: int) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import ray
 import torch
 
-from rayfl import privacy, registry
+from rayfl import privacy
 from rayfl.availability import run_sampler
 from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
@@ -28,7 +28,7 @@ from rayfl.metrics.log import MetricsLog
 from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
 from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storage
-from rayfl.runtime.client_actor import WorkerParts, model_for
+from rayfl.runtime.client_actor import model_for
 from rayfl.runtime.client_eval import ClientEvaluation, finetune_spec
 from rayfl.runtime.executor_kind import built
 from rayfl.runtime.executors import Hosting
@@ -40,23 +40,22 @@ from rayfl.runtime.messages import Messages
 class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
-    def __init__(self, cfg, handle, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actors_started_at: float | None = None,
-                 parts: WorkerParts | None = None, executor=None):
-        """``actor_names``: the client actors an ``on_ray`` executor trains on;
-        ``actors_started_at``: when the driver started them (``time.time()``);
-        ``parts``: the client workers' parts as the driver built them, the run's stack among
-        them (None: built here); ``executor``: the executor class as the driver resolved it
-        (None: ``runtime.executor``'s)."""
+    def __init__(self, cfg, parts, run_dir: str, actor_names: list[str] | None,
+                 resume: bool = False, actors_started_at: float | None = None):
+        """``parts``: the run's parts as the driver built them (:class:`rayfl.simulation.Parts`:
+        the data handle, the client workers' parts with the run's stack, what the round planner
+        is made of, the executor class); ``actor_names``: the client actors an ``on_ray``
+        executor trains on; ``actors_started_at``: when the driver started them
+        (``time.time()``)."""
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(cfg.runtime.num_actors
                                                     * cfg.runtime.cpus_per_actor))))
+        handle = parts.handle
         self.cfg, self.handle, self.run_dir = cfg, handle, run_dir
         self.location = storage.run_location(cfg, run_dir)  # checkpoints (and state) live here
         self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
         self.state_root = storage.state_root(cfg, run_dir)
         self.sizes = handle.sizes()
-        parts = parts or WorkerParts.of(cfg, handle.num_clients)
         self.stack = parts.stack
         self.algorithm = self.stack.algorithm
         self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
@@ -68,10 +67,10 @@ class Server:
             self.account.participation(len(self.sizes))  # dp_ftrl, banded_mf
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
-        self.sampler = run_sampler(cfg, handle, self.stack, self.model.w)
-        kind = executor or registry.resolve("executor", cfg.runtime.executor)
-        executor = built(kind, Hosting(parts, handle, self.state_root, cfg.runtime, self.sizes,
-                                       actor_names, actors_started_at))
+        self.sampler = run_sampler(parts.sampling, handle, self.stack, self.model.w)
+        executor = built(parts.executor, Hosting(parts.worker, handle, self.state_root,
+                                                 cfg.runtime, self.sizes, actor_names,
+                                                 actors_started_at))
         self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
                               Messages(self.state_root))
         self.asynchronous = async_loop.for_server(cfg.aggregation, cfg.clients_per_round,
