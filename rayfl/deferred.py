@@ -4,7 +4,10 @@ Every Ray actor a run starts imports rayfl. A client actor never plots nor accou
 yet matplotlib, SciPy and dp-accounting took 1.3 s of its 3 s of imports (``python -X
 importtime -c "import rayfl.runtime.client_actor"``), paid again by every actor of every run.
 ``figure = deferred("matplotlib.figure")`` at module level reads as the import it stands for and
-loads the module when one of its names is first read.
+loads the module when one of its names is first read. It is for other packages' modules that a
+process may never use (plotting, accounting, image decoding, a progress bar, torchvision's
+model zoo); rayfl's own modules import at the top, so that ``tools/import_knots.py`` sees every
+tie between them.
 """
 
 from __future__ import annotations

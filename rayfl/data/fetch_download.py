@@ -20,8 +20,11 @@ import urllib.request
 from typing import Optional
 
 from rayfl.data.fetch_sources import MIRROR_ENV, File
+from rayfl.deferred import deferred
 from rayfl.schema import ConfigError
 from rayfl.version import __version__
+
+tqdm = deferred("tqdm")
 
 TIMEOUT_S = 60  # per connection attempt and per read
 CHUNK = 1 << 20  # the most bytes one read returns (it returns what has arrived)
@@ -128,8 +131,6 @@ def download(url: str, part: str, size: Optional[int], quiet: Optional[bool], wh
     ends before the bytes the server announced keeps what arrived (a Resumable saying so); one
     that completes is checked next. An HTML page, a full disk or a folder that may not be
     written is a FetchError naming it."""
-    from tqdm import tqdm
-
     have = os.path.getsize(part) if os.path.isfile(part) else 0
     if size is not None and have > size:
         os.remove(part)
@@ -152,8 +153,9 @@ def download(url: str, part: str, size: Optional[int], quiet: Optional[bool], wh
             out = open(part, "ab" if have else "wb", buffering=0)
         except OSError as e:
             raise disk_error(e, os.path.dirname(part), key) or e from None
-        with out, tqdm(total=total, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
-                       desc=url.rsplit("/", 1)[-1], file=sys.stderr, disable=quiet) as bar:
+        with out, tqdm.tqdm(total=total, initial=have, unit="B", unit_scale=True,
+                            unit_divisor=1024, desc=url.rsplit("/", 1)[-1], file=sys.stderr,
+                            disable=quiet) as bar:
             done = have
             try:
                 while True:

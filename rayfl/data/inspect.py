@@ -12,7 +12,10 @@ import numpy as np
 from rayfl.data import prepare
 from rayfl.data.regime import regime_rows
 from rayfl.data.table import client_table, head_lines, write_table
+from rayfl.deferred import deferred
 from rayfl.rng import SAMPLE, stream
+
+mpl_figure = deferred("matplotlib.figure")  # a figure outside pyplot: the backend stays
 
 CHUNK = 1 << 16  # clients per bincount block (bounds the clients × classes scratch)
 
@@ -83,13 +86,9 @@ def regime_drift(reader, regime: str | None, clients_per_round: int, rounds: int
 
 def plot_labels(counts: np.ndarray, path: str, max_clients: int = 100) -> str:
     """Heat map of the label mix of the first ``max_clients`` clients (rows) over classes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     shown = _dist(counts[:max_clients])
-    fig, ax = plt.subplots(figsize=(max(4, 0.25 * shown.shape[1] + 2), 6))
+    fig = mpl_figure.Figure(figsize=(max(4, 0.25 * shown.shape[1] + 2), 6))
+    ax = fig.add_subplot()
     im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0, vmax=1)
     ax.set_xlabel("class")
     ax.set_ylabel(f"client (first {len(shown)} of {len(counts)})")
@@ -97,18 +96,13 @@ def plot_labels(counts: np.ndarray, path: str, max_clients: int = 100) -> str:
     fig.colorbar(im, ax=ax, label="fraction of the client's samples")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 
 def plot_drift(period: np.ndarray, client: np.ndarray, regime: str, path: str) -> str:
     """Line plot of :func:`regime_drift` over rounds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = mpl_figure.Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
     ax.plot(period, label="period drift: TV(sampled pool, population)")
     ax.plot(client, label="client drift: mean TV(client, sampled pool)")
     ax.set_xlabel("round")
@@ -118,7 +112,6 @@ def plot_drift(period: np.ndarray, client: np.ndarray, regime: str, path: str) -
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

@@ -10,6 +10,10 @@ import math
 
 from torch import nn
 
+from rayfl.deferred import deferred
+
+models = deferred("torchvision.models")
+
 
 def logreg(input_shape, num_classes) -> nn.Module:
     """Multinomial logistic regression on the flattened input."""
@@ -76,9 +80,7 @@ def lenet5(input_shape, num_classes) -> nn.Module:
 def resnet18_gn(input_shape, num_classes, groups: int = 2) -> nn.Module:
     """torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(``groups``) (IMA: two
     groups; FedEve, FedMIM); the first conv takes the input's channels."""
-    from torchvision.models import resnet18
-
-    net = resnet18(weights=None, num_classes=num_classes,
+    net = models.resnet18(weights=None, num_classes=num_classes,
                    norm_layer=lambda ch: nn.GroupNorm(groups, ch))
     if input_shape[0] != 3:
         net.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)

@@ -14,7 +14,10 @@ import numpy as np
 
 from rayfl.data.datasets import Arrays
 from rayfl.data.datasets.leaf import json_files, labels, read_users
+from rayfl.deferred import deferred
 from rayfl.schema import ConfigError
+
+Image = deferred("PIL.Image")
 
 natural = True  # every training row carries its celebrity (partition: natural)
 
@@ -41,15 +44,13 @@ def _image_dir(root: str | None) -> str | None:
 
 
 def _images(folder: str, names: list[str]) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
     out = np.empty((len(names), 3 * SIDE * SIDE), dtype=np.uint8)
     for i, name in enumerate(names):
         path = os.path.join(folder, name)
         try:
             with Image.open(path) as img:
                 rgb = np.asarray(img.resize((SIDE, SIDE)).convert("RGB"), dtype=np.uint8)
-        except (OSError, UnidentifiedImageError, ValueError) as e:
+        except (OSError, Image.UnidentifiedImageError, ValueError) as e:
             raise ConfigError("data.root", path, f"an image file the LEAF json names "
                               f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") \
                 from None
