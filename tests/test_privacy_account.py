@@ -226,7 +226,7 @@ def test_the_round_refuses_a_report_the_pre_flight_did_not_see(tiny, monkeypatch
     from rayfl import preflight
     from rayfl.contract import ComponentError
 
-    monkeypatch.setattr(preflight, "run", lambda cfg, handle, stack, executor: None)
+    monkeypatch.setattr(preflight, "run", lambda cfg, parts: None)
     with pytest.raises(ComponentError, match="'loss'.*outside the privacy account"):
         _run("fixed", tiny, PLATEAU)
 
