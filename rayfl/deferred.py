@@ -23,6 +23,9 @@ class _Deferred(types.ModuleType):
     def __getattr__(self, name: str):
         return getattr(importlib.import_module(self.__name__), name)
 
+    def __reduce__(self):  # a user's function that reads one pickles (Ray sends it to workers)
+        return deferred, (self.__name__,)
+
 
 def deferred(module: str) -> types.ModuleType:
     """The module named ``module`` (dotted), imported when a name of it is first read."""

@@ -107,11 +107,11 @@ def _start(cfg: Config, parts, run_dir: str, resume: bool):
         cfg, parts, run_dir, names, resume, started_at)
     try:
         placement = ray.get([a.ready.remote() for a in actors])
+        write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     except BaseException:
         for a in [server, *actors]:
             ray.kill(a)
         raise
-    write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
     return server, actors
 
 

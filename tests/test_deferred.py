@@ -39,3 +39,11 @@ def test_a_deferred_module_that_does_not_exist_fails_at_its_first_read():
     module = deferred("rayfl_no_such_module")
     with pytest.raises(ModuleNotFoundError, match="rayfl_no_such_module"):
         module.anything  # noqa: B018 - the read is the test
+
+
+def test_a_function_reading_a_deferred_module_pickles_as_ray_sends_it():
+    from ray import cloudpickle
+
+    json_module = deferred("json")
+    back = cloudpickle.loads(cloudpickle.dumps(lambda: json_module.dumps([1])))
+    assert back() == "[1]"

@@ -81,7 +81,7 @@ def resnet18_gn(input_shape, num_classes, groups: int = 2) -> nn.Module:
     """torchvision's ResNet-18 with every BatchNorm replaced by GroupNorm(``groups``) (IMA: two
     groups; FedEve, FedMIM); the first conv takes the input's channels."""
     net = models.resnet18(weights=None, num_classes=num_classes,
-                   norm_layer=lambda ch: nn.GroupNorm(groups, ch))
+                          norm_layer=lambda ch: nn.GroupNorm(groups, ch))
     if input_shape[0] != 3:
         net.conv1 = nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False)
     return net

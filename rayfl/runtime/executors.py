@@ -80,8 +80,8 @@ class RayExecutor:
 
     An actor that dies mid-round is restarted by Ray (``max_restarts``) and its call re-run
     (``max_task_retries``); one that does not answer within ``timeout_s`` is killed so that the
-    same happens, and the re-run gets ``startup_s`` (the actors' own start-up time) on top of the
-    deadline. Groups depend only on the sampled set and a client's state versions are written
+    same happens, and the re-run gets ``startup_s`` (how long the actors took to start, from the
+    driver starting them to their first answer) on top of the deadline. Groups depend only on the sampled set and a client's state versions are written
     once per round, so a re-run gives exactly the bytes the first run would have.
     """
 
@@ -103,7 +103,9 @@ class RayExecutor:
         rt = hosting.runtime
         actors = [ray.get_actor(n) for n in hosting.actor_names]
         ray.get([a.ready.remote() for a in actors])
-        startup_s = 0.0 if hosting.started_at is None else time.time() - hosting.started_at
+        # never below 0: under Ray Client the driver's clock is another machine's
+        startup_s = 0.0 if hosting.started_at is None else \
+            max(0.0, time.time() - hosting.started_at)
         return cls(hosting.actor_names, hosting.sizes, rt.actor_timeout_s,
                    rt.max_actor_restarts, startup_s)
 
