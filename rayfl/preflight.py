@@ -79,12 +79,13 @@ def run(cfg, parts) -> None:
     if executor.on_ray or getattr(executor, "copies_parts", False):
         _sendable(cfg, parts.stack)
     own_executor = not executor_kind.is_builtin(executor) and not executor.on_ray
-    if not (own_executor or user["sampling"] or user["training"]):
+    runs_users_code = user["sampling"] or user["training"]
+    if not (own_executor or runs_users_code):
         return
     own = assemble.worker_parts(cfg, handle.num_clients)
     if own_executor:
         _build_executor(cfg, handle, own, executor)
-    if not (user["sampling"] or user["training"]):
+    if not runs_users_code:
         return
     place: dict = {"round": 0}  # where the user's code runs, for an error that names it
     with untouched_globals(), tempfile.TemporaryDirectory(prefix="rayfl-preflight-") as tmp, \

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from rayfl.deferred import deferred
+from rayfl.metrics.plots import figure
 from rayfl.metrics.tables import read_rows
 
-backend_agg, mpl_figure = deferred("matplotlib.backends.backend_agg"), deferred("matplotlib.figure")
+backend_agg = deferred("matplotlib.backends.backend_agg")
 
 
 def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLike) -> None:
@@ -24,7 +25,7 @@ def plot_online(rows: list[dict] | str | os.PathLike, png_path: str | os.PathLik
         x, xlabel = [s / 3600.0 for s in starts], "virtual time (hours)"
     else:
         x, xlabel = [r.get("round", i + 1) for i, r in enumerate(rows)], "round"
-    fig = mpl_figure.Figure(figsize=(6.4, 5.6), dpi=120)
+    fig = figure(figsize=(6.4, 5.6))
     backend_agg.FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     top.plot(x, [r["online"] for r in rows], lw=1.5, label="online")

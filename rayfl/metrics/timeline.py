@@ -12,10 +12,11 @@ import os
 import numpy as np
 
 from rayfl.deferred import deferred
+from rayfl.metrics.plots import figure
 from rayfl.metrics.tables import read_rows
 from rayfl.schema import ConfigError
 
-backend_agg, mpl_figure = deferred("matplotlib.backends.backend_agg"), deferred("matplotlib.figure")
+backend_agg = deferred("matplotlib.backends.backend_agg")
 
 
 def load_rows(run_dir: str) -> list[dict]:
@@ -64,7 +65,7 @@ def plot(runs: dict[str, list[dict]], path: str) -> None:
     staleness histograms (right)."""
     hists = {n: staleness_histogram(rows) for n, rows in runs.items()}
     hists = {n: h for n, h in hists.items() if h.sum()}
-    fig = mpl_figure.Figure(figsize=(11, 4.2) if hists else (7, 4.2), dpi=120)
+    fig = figure(figsize=(11, 4.2) if hists else (7, 4.2))
     backend_agg.FigureCanvasAgg(fig)
     acc, tau = fig.subplots(1, 2, width_ratios=[3, 2]) if hists else (fig.subplots(), None)
     for name, rows in runs.items():
