@@ -1,20 +1,28 @@
 """The run's parts built from its config, each from its own sections, once on the driver: the
 layer stack (the algorithm with its server optimiser and the layers around it,
-:class:`~rayfl.layers.Stack`, :mod:`rayfl.layer_list`), the client workers' parts and what the
-round planner is made of; the server and the actors get them by value."""
+:class:`~rayfl.layers.Stack`, :mod:`rayfl.layer_list`), the client workers' parts, what the
+round planner is made of and the server's own settings; the server and the actors get them by
+value."""
 
 from __future__ import annotations
 
-from rayfl.algorithms import registry
+from rayfl import layer_list
+from rayfl.algorithms import registry, wrapper
 from rayfl.algorithms.checks import effective_weighting
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.availability import Sampling
 from rayfl.contract import ComponentError, calling, describe, expect, name_of
 from rayfl.layer_list import built
 from rayfl.layers import Facts, Stack
-from rayfl.runtime import checkpoint
+from rayfl.config import to_dict
+from rayfl.metrics.log import RunRecord
+from rayfl.metrics.loggers import flat_params
+from rayfl.privacy.statement import statement
+from rayfl.runtime import checkpoint, run_state, storage
+from rayfl.runtime.async_config import Settings as AsyncSettings
 from rayfl.runtime.client_actor import WorkerParts
 from rayfl.runtime.local import spec_from_config
+from rayfl.runtime.server import ServerSettings
 from rayfl.schema import ConfigError
 
 
@@ -55,6 +63,28 @@ def sampling(cfg) -> Sampling:
     return Sampling(cfg.availability, cfg.selection, cfg.clients_per_round, cfg.seed,
                     spec_from_config(cfg.local),
                     cfg.privacy is not None and cfg.privacy.sampling == "poisson")
+
+
+def server_settings(cfg, num_clients: int, x: tuple, run_dir: str) -> ServerSettings:
+    """The server's own settings for the run in ``run_dir`` over ``num_clients`` training
+    clients, whose model is a vector of ``x`` = (length, dtype)."""
+    ag = cfg.aggregation
+    return ServerSettings(
+        cfg.rounds, cfg.seed, cfg.loss_ceiling, cfg.model, cfg.local, cfg.eval, cfg.checkpoint,
+        cfg.keep, cfg.runtime, cfg.availability.max_empty_rounds,
+        None if ag.mode == "sync" else AsyncSettings.of(ag, cfg.clients_per_round),
+        run_state.expected(ag, cfg.privacy, num_clients, x),
+        storage.run_location(cfg, run_dir), checkpoint.identity(cfg), run_record(cfg))
+
+
+def run_record(cfg) -> RunRecord:
+    """What the run's log states of its config (its summary, MLflow's params)."""
+    privacy = None if cfg.privacy is None else {
+        "delta": cfg.privacy.delta, "privacy": statement(cfg.privacy, bool(cfg.eval.clients))}
+    return RunRecord(cfg.name, cfg.data.dataset,
+                     wrapper.label(cfg.algorithm, layer_list.wrappers(cfg)), cfg.rounds,
+                     cfg.eval.target_accuracy, cfg.eval.last_k, privacy, cfg.loggers,
+                     flat_params(to_dict(cfg)))
 
 
 def server_opt_of(section, lr: float):

@@ -89,12 +89,12 @@ def _check_local_ray(cfg: Config) -> None:
                           "process); join a cluster with runtime.address")
 
 
-def _start(cfg: Config, parts, run_dir: str, resume: bool):
+def _start(cfg: Config, parts, settings, run_dir: str, resume: bool):
     rt = cfg.runtime
     tag = os.path.basename(run_dir)
     names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
     budget = rt.state_memory_mb * 2**20 / rt.num_actors
-    state_root = storage.state_root(cfg, run_dir)
+    state_root = storage.state_root_of(settings.location)
     env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
     started_at = time.time()  # the server, on this node, times the actors' start-up from it
     actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
@@ -104,7 +104,7 @@ def _start(cfg: Config, parts, run_dir: str, resume: bool):
               .remote(parts.worker, parts.handle, state_root, budget) for n in names]
     # the server's process starts beside the actors', not after them
     server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        cfg, parts, run_dir, names, resume, started_at)
+        parts, settings, run_dir, names, resume, started_at)
     try:
         placement = ray.get([a.ready.remote() for a in actors])
         write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
@@ -190,7 +190,7 @@ def progress_line(info: dict, eta: Eta | None = None) -> str:
     return " | ".join(parts)
 
 
-def _run_here(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
+def _run_here(parts, settings, run_dir: str, resume: bool, quiet: bool,
               max_rounds: int | None, on_round) -> dict:
     """The whole run in this process (an executor not ``on_ray``: in-process, threads): no
     Ray at all."""
@@ -203,7 +203,7 @@ def _run_here(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
 
     try:  # the caller's generators and torch threads as they were (a notebook's)
         with own_exits(), user_preflight.untouched_globals():
-            return Server(cfg, parts, run_dir, None, resume).run(max_rounds, show)
+            return Server(parts, settings, run_dir, None, resume).run(max_rounds, show)
     except StorageError as e:
         raise _write_failed(e, run_dir) from None
     except KeyboardInterrupt:  # the last checkpoint stays
@@ -219,13 +219,14 @@ def _check_max_rounds(max_rounds: int | None) -> None:
 
 def _execute(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
              max_rounds: int | None, on_round) -> RunResult:
+    settings = assemble.server_settings(cfg, parts.handle.num_clients, parts.x, run_dir)
     if not parts.executor.on_ray:
-        summary = _run_here(cfg, parts, run_dir, resume, quiet, max_rounds, on_round)
+        summary = _run_here(parts, settings, run_dir, resume, quiet, max_rounds, on_round)
     else:
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
-        server, actors = _start(cfg, parts, run_dir, resume)
+        server, actors = _start(cfg, parts, settings, run_dir, resume)
         ended = None  # the MLflow run's status when the driver stops the run
         try:
             summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,

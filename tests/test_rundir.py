@@ -111,9 +111,10 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     from rayfl.runtime.server import Server
 
     s = object.__new__(Server)
-    s.cfg = SimpleNamespace(rounds=rounds, loss_ceiling=ceiling,
-                            eval=SimpleNamespace(every=1), checkpoint=SimpleNamespace(every=1),
-                            availability=SimpleNamespace(max_empty_rounds=10), privacy=None)
+    s.settings = SimpleNamespace(rounds=rounds, loss_ceiling=ceiling,
+                                 evaluation=SimpleNamespace(every=1, last_rounds=0),
+                                 checkpoint=SimpleNamespace(every=1, keep=()),
+                                 max_empty_rounds=10)
     s.log, s.progress_rows = _Log(), []
     s.new_row = threading.Condition()
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds

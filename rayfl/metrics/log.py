@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import ray
 
-from rayfl import layer_list
-from rayfl.algorithms import wrapper
 from rayfl.availability.empty import is_empty
 from rayfl.availability.plots import plot_online
 from rayfl.metrics import provenance
@@ -25,18 +25,33 @@ from rayfl.metrics.live import LiveMetrics
 from rayfl.metrics.loggers import open_loggers
 from rayfl.metrics.plots import plot_accuracy
 from rayfl.models import sha256_of
-from rayfl.privacy.statement import statement
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run's log states of its config: the summary's facts and the loggers' (built on
+    the driver, :func:`rayfl.assemble.run_record`)."""
+
+    name: str
+    dataset: str
+    algorithm: str  # the label: the algorithm with its wrappers
+    rounds: int
+    target_accuracy: float | None  # eval.target_accuracy
+    last_k: int  # eval.last_k
+    privacy: dict | None  # {"delta": δ, "privacy": the statement} (None: no privacy)
+    loggers: Any  # the ``loggers`` section
+    params: dict[str, str]  # the resolved config as dotted keys (MLflow's params)
 
 
 class MetricsLog:
     """Rows in memory, rewritten atomically to Parquet after every round."""
 
-    def __init__(self, run_dir: str, cfg):
-        self.run_dir, self.cfg = run_dir, cfg
+    def __init__(self, run_dir: str, record: RunRecord):
+        self.run_dir, self.record = run_dir, record
         self.path = os.path.join(run_dir, "metrics.parquet")
         self.rows: list[dict] = []
-        self.live = LiveMetrics(cfg.name) if ray.is_initialized() else None  # Ray's gauges
-        self.loggers = open_loggers(run_dir, cfg)
+        self.live = LiveMetrics(record.name) if ray.is_initialized() else None  # Ray's gauges
+        self.loggers = open_loggers(run_dir, record)
 
     def truncate(self, last_t: int) -> None:
         """Keep the rows up to loop index ``last_t`` (0-based; resume after a crash)."""
@@ -87,7 +102,7 @@ class MetricsLog:
         if buffers is not None:
             np.save(os.path.join(self.run_dir, "final_buffers.npy"), buffers)
             final_model = np.concatenate([final_model, buffers])  # the hash covers both
-        summary = summarize(self.rows, self.cfg, final_model, final_round)
+        summary = summarize(self.rows, self.record, final_model, final_round)
         summary["diverged"] = diverged_at is not None
         if diverged_at is not None:
             summary["diverged_at_round"] = diverged_at + 1
@@ -101,7 +116,7 @@ class MetricsLog:
         plot_accuracy({summary["algorithm"]: self.rows},
                       os.path.join(self.run_dir, "accuracy.png"),
                       title=f"{os.path.basename(self.run_dir)}: {summary['algorithm']} on "
-                            f"{self.cfg.data.dataset}, test accuracy")
+                            f"{self.record.dataset}, test accuracy")
         plot_online(self.rows, os.path.join(self.run_dir, "availability.png"))
         plot_run_clients(self.run_dir, self.rows, f"{os.path.basename(self.run_dir)}: "
                                                   f"{summary['algorithm']}, per-client accuracy")
@@ -110,7 +125,8 @@ class MetricsLog:
         return summary
 
 
-def summarize(rows: list[dict], cfg, final_model: np.ndarray, final_round: int) -> dict:
+def summarize(rows: list[dict], record: RunRecord, final_model: np.ndarray,
+              final_round: int) -> dict:
     """Final accuracy, the mean over the last ``eval.last_k`` *evaluations*
     (``mean_last_K_evals_accuracy``), the first round (1-based) reaching the target, wall time
     and the model hash (of ``final_model``: the parameters, then the buffers if any); with
@@ -119,19 +135,20 @@ def summarize(rows: list[dict], cfg, final_model: np.ndarray, final_round: int) 
     evals = [(r["round"], r["test_accuracy"]) for r in rows
              if r.get("test_accuracy") is not None]
     accs = [a for _, a in evals]
-    target = cfg.eval.target_accuracy
+    target, last_k = record.target_accuracy, record.last_k
     reached = next((t for t, a in evals if target is not None and a >= target), None)
-    dp = {} if cfg.privacy is None else {
-        "epsilon": rows[-1].get("dp_epsilon", 0.0) if rows else 0.0, "delta": cfg.privacy.delta,
-        "stopped_at_target_epsilon": final_round < cfg.rounds and len(rows) >= final_round,
-        "privacy": statement(cfg.privacy, bool(cfg.eval.clients))}
+    dp = {} if record.privacy is None else {
+        "epsilon": rows[-1].get("dp_epsilon", 0.0) if rows else 0.0,
+        "delta": record.privacy["delta"],
+        "stopped_at_target_epsilon": final_round < record.rounds and len(rows) >= final_round,
+        "privacy": record.privacy["privacy"]}
     return {
         **dp,
-        "name": cfg.name,
-        "algorithm": wrapper.label(cfg.algorithm, layer_list.wrappers(cfg)),
+        "name": record.name,
+        "algorithm": record.algorithm,
         "rounds": len(rows),
         "final_accuracy": accs[-1] if accs else None,
-        f"mean_last_{cfg.eval.last_k}_evals_accuracy": float(np.mean(accs[-cfg.eval.last_k:]))
+        f"mean_last_{last_k}_evals_accuracy": float(np.mean(accs[-last_k:]))
         if accs else None,
         "evaluations": len(accs),
         "empty_rounds": sum(map(is_empty, rows)),

@@ -17,7 +17,6 @@ import sys
 from unittest import mock
 from urllib.parse import urlparse
 
-from rayfl.config import to_dict
 from rayfl.creatable import check_creatable
 from rayfl.schema import ConfigError
 
@@ -51,7 +50,7 @@ def flat_params(raw: dict, prefix: str = "") -> dict[str, str]:
 class TensorBoardLogger:
     """Scalars under ``<run_dir>/tensorboard`` (``tensorboard --logdir RUN_DIR``)."""
 
-    def __init__(self, run_dir: str, cfg):
+    def __init__(self, run_dir: str):
         from tensorboardX import SummaryWriter
 
         self.writer = SummaryWriter(logdir=os.path.join(run_dir, TENSORBOARD_DIR))
@@ -73,9 +72,11 @@ class MLflowLogger:
     The MLflow run is made with the run's first row (or its end), not before: a run stopped
     before it recorded a round leaves none (its directory is removed too)."""
 
-    def __init__(self, run_dir: str, cfg):
+    def __init__(self, run_dir: str, record):
+        """``record``: the run's :class:`~rayfl.metrics.log.RunRecord` (its name, ``loggers``
+        section and params)."""
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # the local ``mlruns`` store
-        self.run_dir, self.cfg = run_dir, cfg
+        self.run_dir, self.record = run_dir, record
         self.client, self.run_id = None, None
 
     def _run(self) -> str:
@@ -85,21 +86,21 @@ class MLflowLogger:
             return self.run_id
         from mlflow import MlflowClient
 
-        cfg, run_dir = self.cfg, self.run_dir
-        self.client = MlflowClient(tracking_uri=store_of(cfg.loggers, run_dir))
+        record, run_dir = self.record, self.run_dir
+        self.client = MlflowClient(tracking_uri=store_of(record.loggers, run_dir))
         id_path = os.path.join(run_dir, MLFLOW_RUN_ID)
         self.run_id = recorded_run(run_dir)
         if self.run_id is not None:
             self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
-        name = cfg.loggers.mlflow_experiment or cfg.name
+        name = record.loggers.mlflow_experiment or record.name
         found = self.client.get_experiment_by_name(name)
         experiment = found.experiment_id if found else self.client.create_experiment(name)
         run = self.client.create_run(experiment, run_name=os.path.basename(run_dir),
                                      tags={"rayfl.run_dir": os.path.abspath(run_dir)})
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in flat_params(to_dict(cfg)).items()]
+        params = [Param(k, v) for k, v in record.params.items()]
         for i in range(0, len(params), 100):  # MLflow's batch limit
             self.client.log_batch(run.info.run_id, params=params[i:i + 100])
         with open(id_path, "w") as f:
@@ -225,11 +226,12 @@ def end_run(loggers, run_dir: str, status: str) -> None:
               f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
-def open_loggers(run_dir: str, cfg) -> list:
-    """The loggers the config enables (none by default)."""
+def open_loggers(run_dir: str, record) -> list:
+    """The loggers the run's ``loggers`` section enables (none by default); ``record``: the
+    run's :class:`~rayfl.metrics.log.RunRecord`."""
     out = []
-    if cfg.loggers.tensorboard:
-        out.append(TensorBoardLogger(run_dir, cfg))
-    if cfg.loggers.mlflow:
-        out.append(MLflowLogger(run_dir, cfg))
+    if record.loggers.tensorboard:
+        out.append(TensorBoardLogger(run_dir))
+    if record.loggers.mlflow:
+        out.append(MLflowLogger(run_dir, record))
     return out

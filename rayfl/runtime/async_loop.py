@@ -315,12 +315,13 @@ class AsyncLoop:
         self.sent = {int(v): x for v, x in snap["sent"]}
 
 
-def for_server(aggregation, clients_per_round: int, local, seed: int, dropout: float,
+def for_server(settings: Settings | None, local, seed: int, dropout: float,
                round_loop: RoundLoop, sampler) -> AsyncLoop | None:
-    """The event-driven trigger of the ``aggregation`` section over the server's round loop
-    (None in ``aggregation.mode: sync``); ``local`` the run's local section (its learning
-    rate), ``dropout`` ``availability.dropout``."""
-    if aggregation.mode == "sync":
+    """The event-driven trigger over the server's round loop (None: ``settings`` None, in
+    ``aggregation.mode: sync``); ``settings`` the ``aggregation`` section's
+    (:meth:`Settings.of`), ``local`` the run's local section (its learning rate), ``dropout``
+    ``availability.dropout``."""
+    if settings is None:
         return None
-    return AsyncLoop(round_loop, Settings.of(aggregation, clients_per_round),
-                     Dispatcher(sampler, seed, dropout), local.lr, local.lr_decay)
+    return AsyncLoop(round_loop, settings, Dispatcher(sampler, seed, dropout), local.lr,
+                     local.lr_decay)

@@ -13,6 +13,8 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import ray
@@ -24,10 +26,11 @@ from rayfl.availability.empty import EmptyRounds, NobodyOnline
 from rayfl.contract import own_exits
 from rayfl.data.evaluators import test_metrics
 from rayfl.metrics import divergence
-from rayfl.metrics.log import MetricsLog
+from rayfl.metrics.log import MetricsLog, RunRecord
 from rayfl.models.metrics import criterion
 from rayfl.privacy import audit
 from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storage
+from rayfl.runtime.async_config import Settings as AsyncSettings
 from rayfl.runtime.client_actor import model_for
 from rayfl.runtime.client_eval import ClientEvaluation, finetune_spec
 from rayfl.runtime.executor_kind import built
@@ -37,54 +40,77 @@ from rayfl.runtime.memory import peak_rss_mb
 from rayfl.runtime.messages import Messages
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server is told beside the run's parts, each from its own section, built on the
+    driver (:func:`rayfl.assemble.server_settings`) and handed down by value."""
+
+    rounds: int
+    seed: int
+    loss_ceiling: float | None
+    model: Any  # the ``model`` section: the server's own copy evaluates
+    local: Any  # the ``local`` section: the clients' learning rate, its decay, a fine-tune's
+    evaluation: Any  # the ``eval`` section
+    checkpoint: Any  # the ``checkpoint`` section
+    keep: Any  # the ``keep`` section
+    runtime: Any  # the ``runtime`` section: threads, logical shards, the executor's hosting
+    max_empty_rounds: int  # availability.max_empty_rounds
+    asynchronous: AsyncSettings | None  # the event loop's ``aggregation`` keys (None: sync)
+    expected: run_state.Expected  # what the run's checkpoints hold
+    location: str  # where checkpoints and client state live (the run directory or storage)
+    identity: dict  # what each checkpoint says of its run
+    record: RunRecord  # what the run's log states of its config
+
+
 class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
-    def __init__(self, cfg, parts, run_dir: str, actor_names: list[str] | None,
-                 resume: bool = False, actors_started_at: float | None = None):
+    def __init__(self, parts, settings: ServerSettings, run_dir: str,
+                 actor_names: list[str] | None, resume: bool = False,
+                 actors_started_at: float | None = None):
         """``parts``: the run's parts as the driver built them (:class:`rayfl.simulation.Parts`:
         the data handle, the client workers' parts with the run's stack, what the round planner
-        is made of, the executor class); ``actor_names``: the client actors an ``on_ray``
-        executor trains on; ``actors_started_at``: when the driver started them
-        (``time.time()``)."""
+        is made of, the executor class); ``settings``: the server's own
+        (:class:`ServerSettings`); ``actor_names``: the client actors an ``on_ray`` executor
+        trains on; ``actors_started_at``: when the driver started them (``time.time()``)."""
+        rt = settings.runtime
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
-                                         math.floor(cfg.runtime.num_actors
-                                                    * cfg.runtime.cpus_per_actor))))
+                                         math.floor(rt.num_actors * rt.cpus_per_actor))))
         handle = parts.handle
-        self.cfg, self.handle, self.run_dir = cfg, handle, run_dir
-        self.location = storage.run_location(cfg, run_dir)  # checkpoints (and state) live here
-        self.identity = checkpoint.identity(cfg)  # what each checkpoint says of its run
-        self.state_root = storage.state_root(cfg, run_dir)
+        self.settings, self.handle, self.run_dir = settings, handle, run_dir
+        self.location = settings.location  # checkpoints (and state) live here
+        self.state_root = storage.state_root_of(settings.location)
         self.sizes = handle.sizes()
         self.stack = parts.stack
         self.algorithm = self.stack.algorithm
-        self.model = model_for(cfg.model, cfg.seed, handle, "cpu")
+        self.model = model_for(settings.model, settings.seed, handle, "cpu")
         self.loss_fn = criterion(handle)
         #: the privacy mechanism's account, as its layer was built (None: no privacy)
         self.account = getattr(self.stack.privatiser, "account", None)
-        self.final_round = cfg.rounds if self.account is None else self.account.final_round
+        self.final_round = settings.rounds if self.account is None else \
+            self.account.final_round
         self.participation = None if self.account is None else \
             self.account.participation(len(self.sizes))  # dp_ftrl, banded_mf
         self.canaries = audit.canaries_of(self.stack)  # the privacy audit's, or None
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(parts.sampling, handle, self.stack, self.model.w)
-        executor = built(parts.executor, Hosting(parts.worker, handle, self.state_root,
-                                                 cfg.runtime, self.sizes, actor_names,
-                                                 actors_started_at))
-        self.loop = RoundLoop(self.stack, executor, self.sizes, cfg.runtime.logical_shards,
+        executor = built(parts.executor, Hosting(parts.worker, handle, self.state_root, rt,
+                                                 self.sizes, actor_names, actors_started_at))
+        self.loop = RoundLoop(self.stack, executor, self.sizes, rt.logical_shards,
                               Messages(self.state_root))
-        self.asynchronous = async_loop.for_server(cfg.aggregation, cfg.clients_per_round,
-                                                  cfg.local, cfg.seed, cfg.availability.dropout,
-                                                  self.loop, self.sampler)
+        self.asynchronous = async_loop.for_server(
+            settings.asynchronous, settings.local, settings.seed,
+            parts.sampling.availability.dropout, self.loop, self.sampler)
         reader = handle.open()
+        evaluation = settings.evaluation
         self.client_eval = ClientEvaluation(
-            cfg.eval, finetune_spec(cfg.eval, cfg.local), cfg.seed, reader.holdout_sizes(),
-            executor, run_dir) if cfg.eval.clients else None
-        self.eval_sets = {"test": reader.tensors(*reader.test(cfg.eval.test_rows, cfg.seed),
-                                                  "cpu")}
+            evaluation, finetune_spec(evaluation, settings.local), settings.seed,
+            reader.holdout_sizes(), executor, run_dir) if evaluation.clients else None
+        self.eval_sets = {"test": reader.tensors(*reader.test(evaluation.test_rows,
+                                                              settings.seed), "cpu")}
         if handle.num_validation_clients:
             self.eval_sets["val"] = reader.tensors(*reader.validation(), "cpu")
-        self.log = MetricsLog(run_dir, cfg)
+        self.log = MetricsLog(run_dir, settings.record)
         # client-state versions a kept checkpoint refers to: never deleted (rayfl fork)
         self.pinned = checkpoint.pinned_versions(self.location) if resume else set()
         self.progress_rows: list[dict] = []
@@ -117,9 +143,7 @@ class Server:
 
     def _restore(self, ck: dict) -> None:
         where = checkpoint.path_of(self.location)
-        expect = run_state.expected(self.cfg.aggregation, self.cfg.privacy, len(self.sizes),
-                                    (self.model.w.numel(), self.model.w.dtype))
-        run = run_state.restored(ck, expect, where, self.stack)
+        run = run_state.restored(ck, self.settings.expected, where, self.stack)
         self.state, self.loop.versions = run.state, run.versions
         self.prev_delta, self.next_round = run.prev_delta, run.round + 1
         self.virtual_time, self.elapsed_before = run.virtual_time, run.elapsed
@@ -182,11 +206,12 @@ class Server:
 
     def _run(self, max_rounds: int | None, on_progress) -> dict:
         start = time.perf_counter()
-        cfg = self.cfg
-        final = self.final_round  # cfg.rounds, or fewer when privacy.target_epsilon binds
+        settings = self.settings
+        final = self.final_round  # rounds, or fewer when privacy.target_epsilon binds
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
         checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
-        empty = EmptyRounds(cfg.availability.max_empty_rounds, final, self.log.rows)
+        every = settings.evaluation.every
+        empty = EmptyRounds(settings.max_empty_rounds, final, self.log.rows)
         label = {} if self.account is None else {"dp_label": self.account.label}
         for t in range(self.next_round, end):
             try:
@@ -197,8 +222,7 @@ class Server:
                                        extra=self._privacy_report(t))
             row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
             last = t == final - 1
-            if t % cfg.eval.every == cfg.eval.every - 1 or t >= final - cfg.eval.last_rounds \
-                    or last:
+            if t % every == every - 1 or t >= final - settings.evaluation.last_rounds or last:
                 row.update(self.evaluate(t))
                 if self.client_eval is not None:
                     row.update(self.client_eval.evaluate(
@@ -207,17 +231,17 @@ class Server:
                         else None))
             row["elapsed_s"] = self.elapsed_before + time.perf_counter() - start
             diverged = divergence.flag(row, self.stack.deployed(self.state, t),
-                                       cfg.loss_ceiling)
+                                       settings.loss_ceiling)
             starved = empty.after(row)  # the reason a run of empty rounds stops here, or None
             self.log.append(row)
             self.log.flush()  # durable before the checkpoint that covers it commits
             pause = t == end - 1
-            due = t % cfg.checkpoint.every == cfg.checkpoint.every - 1 or last or pause \
-                or t + 1 in cfg.checkpoint.keep
+            kept = settings.checkpoint
+            due = t % kept.every == kept.every - 1 or last or pause or t + 1 in kept.keep
             if due:
                 checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])
             with self.new_row:
-                self.progress_rows.append({**self.log.rows[-1], "rounds": cfg.rounds,
+                self.progress_rows.append({**self.log.rows[-1], "rounds": settings.rounds,
                                            **label})
                 self.new_row.notify_all()
             tick = time.perf_counter()
@@ -261,7 +285,8 @@ class Server:
     def round(self, t: int) -> dict:
         """One communication round (in async modes: one server update); returns its row."""
         tick = time.perf_counter()
-        lr = self.stack.client_lr(self.state, t, self.cfg.local.lr, self.cfg.local.lr_decay)
+        local = self.settings.local
+        lr = self.stack.client_lr(self.state, t, local.lr, local.lr_decay)
         if self.asynchronous is None:
             out, head = self._sync_round(t, lr)
         else:  # the event loop decides when the server steps; the round code is shared
@@ -307,12 +332,12 @@ class Server:
             return None
         start = self.stack.start(self.state, t).detach().cpu().numpy()
         buffers = None if self.state.buffers is None else self.state.buffers.cpu().numpy()
-        return lambda ids: self.loop.executor.client_losses(start, ids, self.cfg.eval.batch_size,
-                                                            buffers)
+        bs = self.settings.evaluation.batch_size
+        return lambda ids: self.loop.executor.client_losses(start, ids, bs, buffers)
 
     def _keep_dir(self, t: int) -> str | None:
-        keep = self.cfg.keep  # keep.rounds and the directory name count rounds from 1
-        if t + 1 not in keep.rounds and t < self.cfg.rounds - keep.last:
+        keep = self.settings.keep  # keep.rounds and the directory name count rounds from 1
+        if t + 1 not in keep.rounds and t < self.settings.rounds - keep.last:
             return None
         path = os.path.join(self.run_dir, "models", f"round-{t + 1:05d}")
         os.makedirs(path, exist_ok=True)
@@ -332,7 +357,7 @@ class Server:
         when the partition holds some); the algorithm's extra models on the test set (after
         round ``t``)."""
         tick = time.perf_counter()
-        bs = self.cfg.eval.batch_size
+        bs = self.settings.evaluation.batch_size
         deployed = self.stack.deployed(self.state, t)
         self.model.set_buffers(self.state.buffers)
         out = {}
@@ -348,8 +373,8 @@ class Server:
         return out
 
     def _checkpoint(self, t: int, elapsed: float) -> None:
-        keep = t + 1 in self.cfg.checkpoint.keep
-        checkpoint.save(self.location, {checkpoint.IDENTITY: self.identity,
+        keep = t + 1 in self.settings.checkpoint.keep
+        checkpoint.save(self.location, {checkpoint.IDENTITY: self.settings.identity,
                                          **self._record(t, elapsed).payload()}, keep=keep)
         if keep:
             v = self.loop.versions

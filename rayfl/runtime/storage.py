@@ -112,7 +112,12 @@ def run_location(cfg, run_dir: str) -> str:
 
 def state_root(cfg, run_dir: str) -> str:
     """Where the run's client-state store lives (``<run location>/state``)."""
-    return join(run_location(cfg, run_dir), "state")
+    return state_root_of(run_location(cfg, run_dir))
+
+
+def state_root_of(location: str) -> str:
+    """The client-state store of the run stored at ``location`` (:func:`run_location`)."""
+    return join(location, "state")
 
 
 def check_new_run(cfg, run_dir: str) -> None:
