@@ -152,7 +152,7 @@ def _print_summary(s: dict) -> None:
     acc_s = "n/a" if acc is None else f"{100 * acc:.2f}%"
     empty = f" ({s['empty_rounds']} without a completed client)" if s.get("empty_rounds") else ""
     print(f"{'stopped' if s.get('stopped') else 'done'}: {s['algorithm']} | {s['rounds']} "
-          f"rounds{empty} | final accuracy {acc_s} | wall {s['wall_time_s']:.1f} s | "
+          f"rounds{empty} | final accuracy {acc_s} | rounds took {s['wall_time_s']:.1f} s | "
           f"model_sha256 {s['model_sha256'][:16]}…")
 
 

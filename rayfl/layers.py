@@ -152,9 +152,16 @@ class Layer:
         return inner(t)
 
     # ----- client half ---------------------------------------------------------------------
-    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
-        """Client ``client``'s upload Δ_i of round ``t`` as it leaves this layer."""
+    def client(self, delta: Vec, t: int, client: int) -> Vec:
+        """Client ``client``'s upload Δ_i of round ``t`` as it leaves this layer: the shortcut
+        :meth:`client_apply` calls, for a step without per-client state, broadcast values or
+        ``Upload`` entries to tell from the update."""
         return delta
+
+    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
+        """Client ``client``'s upload Δ_i of round ``t`` as it leaves this layer (by default
+        :meth:`client`'s)."""
+        return self.client(delta, t, client)
 
     def client_labels(self, labels: torch.Tensor, client: int, num_classes: int) -> torch.Tensor:
         """The labels client ``client`` trains on (a label-flipping attacker changes them)."""
@@ -482,6 +489,13 @@ class Stack:
         when another layer is of its class."""
         return f"{name_of(self.layers[i], method)}{self._at[i]}"
 
+    def client_half(self, i: int) -> str:
+        """``module:Name.method`` of layer ``i``'s client half: its ``client`` when that is the
+        one it overrides, else its ``client_apply``."""
+        cls = type(self.layers[i])
+        shortcut = cls.client_apply is Layer.client_apply and cls.client is not Layer.client
+        return self.name(i, "client" if shortcut else "client_apply")
+
     def _slots(self, state: ServerState) -> list:
         """The state's layer slots in client order (the tree keeps the wrappers' and the
         transforms' apart, as rayfl 0.1 and 0.2 checkpoints do)."""
@@ -637,7 +651,7 @@ class Stack:
         if guard is None:
             return
         sent = [(name_of(self.algorithm, "client_train"), key) for key in algorithm_keys]
-        sent += [(self.name(i, "client_apply"), key)
+        sent += [(self.client_half(i), key)
                  for i, (layer, own) in enumerate(zip(self.layers, sums)) if layer is not guard
                  for key in own if key not in layer.traits.public_reports]
         guard.check_reports(sent, t)
@@ -711,10 +725,10 @@ class Stack:
         return out
 
     def payload_sums(self, sums: tuple, t: int | None = None) -> None:
-        """Each layer's payload sums of round ``t`` checked (ComponentError naming its
-        ``client_apply``)."""
+        """Each layer's payload sums of round ``t`` checked (ComponentError naming its client
+        half)."""
         for i, own in enumerate(sums):
-            _payload_sums(self.name(i, "client_apply"), own, t)
+            _payload_sums(self.client_half(i), own, t)
 
     @staticmethod
     def _extra(name: str, call: Callable[[], Any], like: Vec, t: int | None

@@ -139,8 +139,8 @@ def _check_bounds(f: dataclasses.Field, value: Any, key: str) -> None:
     bad_lo = lo is not None and (value <= lo if m.get("lo_open") else value < lo)
     bad_hi = hi is not None and (value >= hi if m.get("hi_open") else value > hi)
     if bad_lo or bad_hi:
-        left = "(" if m.get("lo_open") else "["
-        right = ")" if m.get("hi_open") else "]"
+        left = "(" if m.get("lo_open") or lo is None else "["  # ±inf is never a value
+        right = ")" if m.get("hi_open") or hi is None else "]"
         lo_s = "-inf" if lo is None else lo
         hi_s = "inf" if hi is None else hi
         raise ConfigError(key, value, f"a value in {left}{lo_s}, {hi_s}{right}")

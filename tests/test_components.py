@@ -49,7 +49,7 @@ def test_references_name_every_kind_with_typed_params(tmp_path):
 
 @pytest.mark.parametrize("override, key, says", [
     ("algorithm.pul=0.1", "algorithm.pul", "valid keys here: name, pull, server_lr"),
-    ("algorithm.pull=-1", "algorithm.pull", "[0.0, inf]"),
+    ("algorithm.pull=-1", "algorithm.pull", "[0.0, inf)"),
     (f"algorithm.name={ALGO[:-1]}x", "algorithm.name", "has no 'MyAlgx'"),
     ("algorithm.name=no_such_pkg.mod:X", "algorithm.name", "no module 'no_such_pkg'"),
     ("data.dataset=imagenet", "data.dataset", "or a package.module:Name reference"),

@@ -14,7 +14,7 @@ from tests.conftest import TINY
 
 @pytest.mark.parametrize("override, key, expected", [
     ("rounds=0", "rounds", "[1, 1000000]"),
-    ("local.lr=-0.1", "local.lr", "(0.0, inf]"),
+    ("local.lr=-0.1", "local.lr", "(0.0, inf)"),
     ("local.batch_size=ten", "local.batch_size", "an integer"),
     ("data.partition=shards9", "data.partition", "one of"),
     ("runtime.nonsense=1", "runtime.nonsense", "no such key"),
@@ -59,7 +59,7 @@ def test_overrides_are_typed_and_round_trip():
 def test_error_inside_an_optional_section_names_the_nested_key():
     with pytest.raises(ConfigError) as err:
         config.load(TINY, ["wrappers.ima.window=0"])
-    assert err.value.key == "wrappers[0].window" and "[1, inf]" in str(err.value)
+    assert err.value.key == "wrappers[0].window" and "[1, inf)" in str(err.value)
 
 
 def test_config_readme_is_the_generated_reference():

@@ -118,6 +118,7 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.log, s.progress_rows = _Log(), []
     s.new_row = threading.Condition()
     s.next_round, s.elapsed_before, s.final_round = 0, 0.0, rounds
+    s.begun = True  # its state is the stand-in's below
     s.state = SimpleNamespace(x=torch.zeros(3))
     s.participation = s.canaries = s.account = None  # no privacy: no bound, audit or account
     s.stack = SimpleNamespace(deployed=lambda state, t=None: state.x)

@@ -71,7 +71,7 @@ def test_enqueued_weights_round_trip(tmp_path):
     ({"objective": {"metric": "test_accuracy", "reduce": "rounds_to_target"}},
      "objective.target", "rounds_to_target"),
     ({"trails": 3}, "trails", "no such key"),
-    ({"parallel": 0}, "parallel", "[1, inf]"),
+    ({"parallel": 0}, "parallel", "[1, inf)"),
     ({"pruner": {"name": "asha"}}, "pruner.name", "'median', 'hyperband', 'none'"),
 ])
 def test_bad_studies_name_key_value_and_expectation(tmp_path, extra, key, words):

@@ -94,7 +94,7 @@ def test_a_registered_transform_is_named_by_its_name(tiny):
     (_entry("no_such_pkg.mod:T"), "aggregation.transforms[0].name", "no module 'no_such_pkg'"),
     (_entry("bogus"), "aggregation.transforms[0].name", "a package.module:Name reference"),
     (_entry(taux=1), "aggregation.transforms[0].taux", "tau"),
-    (_entry(tau=-1), "aggregation.transforms[0].tau", "(0.0, inf]"),
+    (_entry(tau=-1), "aggregation.transforms[0].tau", "(0.0, inf)"),
 ])
 def test_a_bad_entry_is_one_line_on_its_key(entry, key, says):
     with pytest.raises(ConfigError) as err:

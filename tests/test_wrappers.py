@@ -9,9 +9,12 @@ import torch
 import rayfl
 from rayfl import config as config_mod
 from rayfl import registry
+from rayfl.algorithms.wrapper import ServerWrapper
 from rayfl.analysis.rundir import RunDir
 from rayfl.compare import variant
+from rayfl.contract import ComponentError
 from rayfl.schema import ConfigError
+from rayfl.transforms import Transform
 from tests.conftest import TINY, three_ways
 
 EMA = "examples.my_wrapper:ServerEMA"
@@ -124,3 +127,30 @@ def test_imas_average_key_picks_what_its_window_holds(tiny):
             for mode in ("auto", "target", "output")}
     sha = {mode: r.summary["model_sha256"] for mode, r in runs.items()}
     assert sha["auto"] == sha["target"] != sha["output"]
+
+
+class HalvesUpload(ServerWrapper):
+    """A wrapper whose client half is the ``client`` shortcut: each upload halved."""
+
+    def client(self, delta, t, client):
+        return delta * 0.5
+
+
+class HalvesUploadTransform(Transform):
+    def client(self, delta, t, client):
+        return delta * 0.5
+
+
+class ShortcutReturnsText(ServerWrapper):
+    def client(self, delta, t, client):
+        return "halved"
+
+
+def test_a_wrappers_client_shortcut_is_its_client_half_as_a_transforms_is(tiny):
+    plain = _run(tiny, "name=plain")
+    wrapper = _run(tiny, f"layers=[{{name: '{__name__}:HalvesUpload'}}]", "name=w")
+    transform = _run(tiny, f"layers=[{{name: '{__name__}:HalvesUploadTransform'}}]", "name=t")
+    assert wrapper.summary["model_sha256"] == transform.summary["model_sha256"] != \
+        plain.summary["model_sha256"]
+    with pytest.raises(ComponentError, match=rf"{__name__}:ShortcutReturnsText\.client "):
+        _run(tiny, f"layers=[{{name: '{__name__}:ShortcutReturnsText'}}]", "name=bad")

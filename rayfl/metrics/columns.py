@@ -85,8 +85,8 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                               "before its own checkpoint commits)")),
         "eval_s": ("s", "test (and validation) evaluation, on evaluated rounds"),
         "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
-        "elapsed_s": ("s", ("wall time since the run started, resumed runs included (the time "
-                            "on_round takes left out)")),
+        "elapsed_s": ("s", ("wall time since the first round began, resumed runs included "
+                            "(start-up and the time on_round takes left out)")),
     },
     "evaluated rounds (every eval.every rounds, the last eval.last_rounds and the last; null "
     "otherwise)": {
@@ -179,7 +179,8 @@ SUMMARY: dict[str, str] = {
     "target_accuracy": "eval.target_accuracy",
     "rounds_to_target": "the first round (from 1) whose test accuracy reached the target "
                         "(null: none did)",
-    "wall_time_s": "wall-clock seconds of the whole run, over every resume",
+    "wall_time_s": "wall-clock seconds the rounds took, over every resume (the last row's "
+                   "elapsed_s: starting Ray, the actors and the data left out)",
     "mean_round_s": "mean wall-clock seconds a round",
     "virtual_time_s": "simulated device-clock seconds at the end",
     "virtual_hours_to_target": "simulated hours until rounds_to_target (null: never reached)",

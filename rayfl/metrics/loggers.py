@@ -51,17 +51,22 @@ class TensorBoardLogger:
     """Scalars under ``<run_dir>/tensorboard`` (``tensorboard --logdir RUN_DIR``)."""
 
     def __init__(self, run_dir: str):
-        from tensorboardX import SummaryWriter
-
-        self.writer = SummaryWriter(logdir=os.path.join(run_dir, TENSORBOARD_DIR))
+        self.logdir = os.path.join(run_dir, TENSORBOARD_DIR)
+        self.writer = None  # opened with the first row: nothing is written before
 
     def log(self, row: dict) -> None:
+        if self.writer is None:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(logdir=self.logdir)
         for key, value in scalars(row).items():
             self.writer.add_scalar(key, value, global_step=row["round"])
         self.writer.flush()
 
     def close(self, status: str) -> None:
-        self.writer.close()  # a later row opens a new event file
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None  # a later row opens a new event file
 
     interrupt = close
 

@@ -101,8 +101,12 @@ class RayExecutor:
         they are ready, how long they took is what a restarted one gets on top of the
         deadline."""
         rt = hosting.runtime
-        actors = [ray.get_actor(n) for n in hosting.actor_names]
-        ray.get([a.ready.remote() for a in actors])
+        try:  # the driver waited for them too: one gone since is lost, and named so
+            actors = [ray.get_actor(n) for n in hosting.actor_names]
+            ray.get([a.ready.remote() for a in actors])
+        except (ValueError, ray.exceptions.RayActorError) as e:
+            raise ActorsLost(f"a client actor stopped before the first round "
+                             f"({type(e).__name__})") from None
         # never below 0: under Ray Client the driver's clock is another machine's
         startup_s = 0.0 if hosting.started_at is None else \
             max(0.0, time.time() - hosting.started_at)

@@ -116,12 +116,21 @@ class Server:
         self.progress_rows: list[dict] = []
         self.verdicts: queue.SimpleQueue = queue.SimpleQueue()  # the driver's, with follow
         self.new_row = threading.Condition()  # a progress row was added
-        if resume:
+        self.resume, self.begun = resume, False
+
+    # ----- state -------------------------------------------------------------------------
+    def _begin(self) -> None:
+        """The run's state, fresh or from its checkpoint, once its run is asked for: building
+        the server writes nothing, so a server the driver stops before that (an actor that
+        failed to start, ``actors.json`` not written) leaves the run as it found it."""
+        if self.begun:
+            return
+        if self.resume:
             self._restore(checkpoint.load(self.location))
         else:
             self._fresh()
+        self.begun = True
 
-    # ----- state -------------------------------------------------------------------------
     def _fresh(self) -> None:
         state_store.clear(self.state_root)  # leftovers of a run never checkpointed
         x0 = self.model.w.detach().clone()
@@ -190,6 +199,7 @@ class Server:
         """
         try:
             with own_exits():  # the user's sys.exit or KeyboardInterrupt: their error
+                self._begin()
                 out = self._run(max_rounds, self._verdict if follow else on_progress)
         except OSError as e:
             self.log.interrupt("FAILED")

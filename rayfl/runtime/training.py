@@ -204,7 +204,7 @@ def train_groups(stack: Stack, groups: Iterable[tuple[int, Sequence[Work]]], bc:
     algorithm, layers = stack.algorithm, stack.layers
     traits = algorithm.traits
     trains = name_of(type(algorithm), "client_train")
-    applies = [stack.name(i, "client_apply") for i in range(len(layers))]
+    applies = [stack.client_half(i) for i in range(len(layers))]
     sums, written = [], []
     x = bc.algorithm["x"]
     for group, tasks in groups:

@@ -9,19 +9,12 @@ import torch
 
 from rayfl import schema
 from rayfl.algorithms.base import Vec
-from rayfl.layers import ClientContext, Layer, LayerTraits
+from rayfl.layers import Layer, LayerTraits
 
 
 class Transform(Layer):
     """A transform in ``layers`` (``aggregation.transforms``): identity by default; a step
     without per-client state or broadcast values overrides :meth:`client`."""
-
-    def client(self, delta: Vec, t: int, client: int) -> Vec:
-        """Client ``client``'s upload Δ_i of round ``t`` as it is summed."""
-        return delta
-
-    def client_apply(self, delta: Vec, t: int, client: int, ctx: ClientContext) -> Vec:
-        return self.client(delta, t, client)
 
 
 class Identity(Transform):
