@@ -51,7 +51,11 @@ shakespeare: $(STAMP)
 demo: $(STAMP) fmnist shakespeare
 	$(BIN)/rayfl run configs/quickstart.yaml
 
+# rayfl's bytecode is written once first: where the environment writes none
+# (PYTHONDONTWRITEBYTECODE), every process the suite starts (Ray's actors among them) reads it
+# instead of compiling rayfl again.
 test: $(STAMP) fmnist shakespeare
+	@$(BIN)/python -m compileall -q rayfl tune tests examples > /dev/null
 	$(BIN)/python -m pytest -n 2 --dist worksteal --durations=15
 
 docs: $(STAMP)
