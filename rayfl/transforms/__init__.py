@@ -2,8 +2,8 @@
 
 A transform is a :class:`~rayfl.layers.Layer` in the run's ``layers`` list (the older spelling:
 ``aggregation.transforms``; :mod:`rayfl.layer_list`): it sees each client's upload Δ_i inside
-the worker that trained it (its client half, :meth:`Transform.client` or ``client_apply``),
-before it is summed, and the round's :class:`Aggregate` at the server (its server half,
+the worker that trained it (its client half, :meth:`~rayfl.layers.Layer.client` or
+``client_apply``), before it is summed, and the round's :class:`Aggregate` at the server (its server half,
 ``aggregate``), before the algorithm's server update. Client halves run in the order of the
 list and server halves in the reverse order (a
 stack: the last encoder on the client is the first decoder at the server), so they compose with

@@ -14,7 +14,7 @@ from rayfl.layers import Layer, LayerTraits
 
 class Transform(Layer):
     """A transform in ``layers`` (``aggregation.transforms``): identity by default; a step
-    without per-client state or broadcast values overrides :meth:`client`."""
+    without per-client state or broadcast values overrides :meth:`~rayfl.layers.Layer.client`."""
 
 
 class Identity(Transform):
