@@ -70,6 +70,7 @@ bench: $(STAMP) fmnist
 	$(BIN)/python benchmarks/bench_cohort.py
 	$(BIN)/python benchmarks/bench_client_path.py
 	$(BIN)/python benchmarks/bench_startup.py
+	$(BIN)/python benchmarks/bench_report.py
 
 # rayfl beside Flower, pfl and BlazeFL on the reference workload, each peer installed into its
 # own environment under .venv-peers/ (docs/performance.md, "Against other simulators").

@@ -60,3 +60,14 @@ def test_bench_startup_prints_each_pass_and_the_spread():
     assert lines[0] == "pass | import rayfl s | run on 2 actors s | in process s | launch s"
     assert re.fullmatch(rf"1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| -?{NUMBER}", lines[1]), lines
     assert re.fullmatch(rf"min–max( \| -?{NUMBER}–-?{NUMBER}){{4}}", lines[2]), lines
+
+
+def test_bench_report_prints_both_ways_and_the_ratio():
+    lines = _run("bench_report.py", "--params", "1000", "--calls", "3")
+    assert lines[0] == "1,000 parameters, 3 calls each, alternating", lines
+    assert re.fullmatch(rf"sums as torch tensors: {NUMBER} ms a call", lines[1]), lines
+    assert re.fullmatch(rf"sums as numpy arrays:  {NUMBER} ms a call \({NUMBER}× faster\)",
+                        lines[2]), lines
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_report.py"),
+                          "--calls", "0"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 2 and "--params, --calls: expected ≥ 1 (got 274026, 0)" in out.stderr

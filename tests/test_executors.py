@@ -343,3 +343,46 @@ def test_a_builtin_models_training_forward_draws_nothing(name, shape):
         torch.manual_seed(seed)
         outs.append(model(x))
     assert torch.equal(*outs)
+
+
+def test_a_groups_sums_cross_rays_object_store_bit_for_bit(ray_local):
+    """What an actor sends (:meth:`ClientWorker.train_arrays`) is what it summed: every tensor
+    comes back a tensor of its dtype with its bytes, writable; numpy's dtypes travel as arrays,
+    the others (bfloat16, a tensor that requires grad) as tensors."""
+    import ray
+
+    from rayfl.runtime.aggregate import PartialSum, as_array
+    from rayfl.runtime.executors import tensors_of
+
+    gen = torch.Generator().manual_seed(0)
+    delta = torch.randn(1000, generator=gen)
+    delta[:3] = torch.tensor([-0.0, float("nan"), float("-inf")])
+    acc = PartialSum(count=2, weight_sum=3.0, delta_w=delta * 3, delta=delta.clone(),
+                     extras={"half": torch.randn(7, generator=gen).half(), "n": 5,
+                             "brain": torch.randn(4, generator=gen).bfloat16(),
+                             "grad": torch.ones(3, requires_grad=True)},
+                     rows={"r": ([4, 9], [torch.randn(2, 3, dtype=torch.float64,
+                                                      generator=gen).t(),
+                                          torch.arange(6, dtype=torch.int64).reshape(3, 2)])},
+                     layers=[{"mask": torch.tensor([True, False])}, {}],
+                     buffers_w=torch.randn(5, generator=gen), updates=[delta.clone()])
+    sent = {"sums": [(1, PartialSum(**vars(acc)).map_values(as_array))], "written": [4]}
+    assert isinstance(sent["sums"][0][1].delta, np.ndarray)
+    assert isinstance(sent["sums"][0][1].extras["brain"], torch.Tensor)
+    got = tensors_of(ray.get(ray.put(sent)))["sums"][0][1]
+
+    def same(a, b):
+        if not isinstance(b, torch.Tensor):
+            return a == b
+        return isinstance(a, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape \
+            and a.requires_grad == b.requires_grad and bytes(
+                a.detach().contiguous().view(torch.uint8).numpy()) == bytes(
+                b.detach().contiguous().view(torch.uint8).numpy())
+
+    for name in ("delta_w", "delta", "buffers_w"):
+        assert same(getattr(got, name), getattr(acc, name)), name
+    assert all(same(got.extras[k], v) for k, v in acc.extras.items())
+    assert got.rows["r"][0] == [4, 9] and all(map(same, got.rows["r"][1], acc.rows["r"][1]))
+    assert same(got.layers[0]["mask"], acc.layers[0]["mask"]) and got.layers[1] == {}
+    assert same(got.updates[0], acc.updates[0])
+    got.delta_w += 1  # memory of its own, not the object store's read-only view

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from rayfl.algorithms.base import Aggregate, Collected, Rows, Upload
@@ -51,6 +52,28 @@ def _kind(value: Any) -> tuple[bool, bool]:
 
 def _sum(a: Any, b: Any) -> Any:
     return b.clone() if a is None and isinstance(b, torch.Tensor) else (b if a is None else a + b)
+
+
+#: tensor dtypes numpy holds bit for bit
+NUMPY_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.complex64,
+                          torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8,
+                          torch.uint8, torch.bool})
+
+
+def as_array(v: Any) -> Any:
+    """A plain CPU tensor as the numpy array over its memory, where numpy has its dtype;
+    anything else as it is. Ray sends an array's memory as it is, where it pickles a tensor
+    through a copy."""
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu" and v.layout == torch.strided \
+            and v.dtype in NUMPY_DTYPES and not (v.requires_grad or v.is_conj() or v.is_neg()):
+        return v.numpy()
+    return v
+
+
+def as_tensor(v: Any) -> Any:
+    """:func:`as_array`'s array back as a tensor over memory of its own (writable: Ray hands
+    back a read-only view of its object store)."""
+    return torch.from_numpy(np.array(v)) if isinstance(v, np.ndarray) else v
 
 
 @dataclass
@@ -181,16 +204,20 @@ class PartialSum:
                                         f"an earlier client's was {KINDS[before]}: an entry is "
                                         "of one kind over the round", t, client)
 
+    def map_values(self, fn: Callable[[Any], Any]) -> "PartialSum":
+        """Every sum and collected row replaced by ``fn`` of it, in place (``fn`` also sees
+        the payload sums that are numbers and None, and hands them back as they are)."""
+        self.delta_w, self.delta = fn(self.delta_w), fn(self.delta)
+        self.buffers_w = fn(self.buffers_w)
+        self.extras = {k: fn(v) for k, v in self.extras.items()}
+        self.rows = {k: (ids, [fn(r) for r in rows]) for k, (ids, rows) in self.rows.items()}
+        self.layers = [{k: fn(v) for k, v in own.items()} for own in self.layers]
+        self.updates = [fn(v) for v in self.updates]
+        return self
+
     def to(self, device: str | torch.device) -> "PartialSum":
         """Move every tensor (e.g. to the CPU before it leaves a GPU actor)."""
-        mv = (lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
-        self.delta_w, self.delta = mv(self.delta_w), mv(self.delta)
-        self.buffers_w = mv(self.buffers_w)
-        self.extras = {k: mv(v) for k, v in self.extras.items()}
-        self.rows = {k: (ids, [mv(r) for r in rows]) for k, (ids, rows) in self.rows.items()}
-        self.layers = [{k: mv(v) for k, v in own.items()} for own in self.layers]
-        self.updates = [mv(v) for v in self.updates]
-        return self
+        return self.map_values(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)
 
     def upload_bytes(self, per_client: Callable[[int], float], dim: int) -> float:
         """Bytes the clients uploaded: ``per_client(numbers)`` for each, numbers being ``dim``

@@ -25,6 +25,7 @@ from rayfl.contract import Lent, calling, name_of
 from rayfl.layers import Broadcast, Stack, tree_map
 from rayfl.models import FlatModel, build_for
 from rayfl.models.metrics import criterion
+from rayfl.runtime.aggregate import as_array
 from rayfl.runtime.client_eval import score_clients
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
@@ -183,6 +184,13 @@ class ClientWorker:
                 "seconds": time.perf_counter() - start,
                 "store": dict(self.store.stats), "peak_rss_mb": peak_rss_mb(),
                 "private_mb": private_mb()}
+
+    def train_arrays(self, *args) -> dict:
+        """:meth:`train`, its sums' tensors as numpy arrays (:func:`as_array`): what a Ray actor
+        sends, in a third of the time a tensor takes to pickle."""
+        report = self.train(*args)
+        report["sums"] = [(g, acc.map_values(as_array)) for g, acc in report["sums"]]
+        return report
 
     def setup_summaries(self, client_ids) -> np.ndarray:
         """The algorithm's one-off per-client summaries (``client_setup``), one row per client."""

@@ -24,6 +24,7 @@ import ray
 
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
+from rayfl.runtime.aggregate import as_tensor
 from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 
 
@@ -62,6 +63,13 @@ def combined(reports: list[dict]) -> dict:
             "seconds": sum(r["seconds"] for r in reports), "store": reports[-1]["store"],
             "peak_rss_mb": max(r["peak_rss_mb"] for r in reports),
             "private_mb": reports[-1]["private_mb"]}
+
+
+def tensors_of(report: dict) -> dict:
+    """An actor's report (:meth:`ClientWorker.train_arrays`) with its sums' arrays as
+    tensors again."""
+    report["sums"] = [(g, acc.map_values(as_tensor)) for g, acc in report["sums"]]
+    return report
 
 
 def heaviest_first(groups: list, sizes: np.ndarray) -> deque:
@@ -143,7 +151,8 @@ class RayExecutor:
 
         def give(a: int) -> None:
             g = queue.popleft()
-            call = self.actors[a].train.remote(t, bc_ref, lr, [groups[g]], keep_dir, clients_ref)
+            call = self.actors[a].train_arrays.remote(t, bc_ref, lr, [groups[g]], keep_dir,
+                                                      clients_ref)
             running[call] = (a, g, self._deadline(self.timeout_s))
 
         for a in range(min(len(self.actors), len(queue))):
@@ -154,7 +163,7 @@ class RayExecutor:
                 continue
             a, g, _ = running.pop(call)
             try:
-                done[a].append(ray.get(call))
+                done[a].append(tensors_of(ray.get(call)))
             except ray.exceptions.RayActorError as e:
                 raise self._lost(e) from None
             except ray.exceptions.RayTaskError as e:  # a user's ComponentError, say
