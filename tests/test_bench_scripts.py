@@ -71,3 +71,21 @@ def test_bench_report_prints_both_ways_and_the_ratio():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_report.py"),
                           "--calls", "0"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "--params, --calls: expected ≥ 1 (got 274026, 0)" in out.stderr
+
+
+def test_cpu_by_process_names_each_process_of_the_window():
+    tool = os.path.join(ROOT, "tools", "cpu_by_process.py")
+    busy = "import time\nend = time.process_time() + 3\nwhile time.process_time() < end: pass"
+    out = subprocess.run([sys.executable, tool, "0.5", "1.5", sys.executable, "-c", busy],
+                         capture_output=True, text=True, timeout=120)
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and lines[0] == (f"CPU seconds from 0.5 s to 1.5 s of the run, "
+                                                f"% of {os.cpu_count()} cores × 1 s:"), out
+    name = f"{os.path.basename(sys.executable)} -c"
+    assert any(re.fullmatch(rf"\s*{NUMBER} s\s+{NUMBER} %  {re.escape(name)}", line)
+               for line in lines[1:-1]), lines
+    assert re.fullmatch(rf"\s*-?{NUMBER} s\s+-?{NUMBER} %  \(idle\)", lines[-1]), lines
+    for args, why in ((["2", "1", "true"], "expected 0 ≤ FROM_S < TO_S and a command"),
+                      (["0", "60", "true"], "the command ended after")):
+        out = subprocess.run([sys.executable, tool, *args], capture_output=True, text=True)
+        assert out.returncode != 0 and why in out.stderr, out.stderr
