@@ -187,7 +187,8 @@ class ClientWorker:
 
     def train_arrays(self, *args) -> dict:
         """:meth:`train`, its sums' tensors as numpy arrays (:func:`as_array`): what a Ray actor
-        sends, in a third of the time a tensor takes to pickle."""
+        sends, which a call answers in 0.55–0.58 of the time tensors take
+        (``benchmarks/bench_report.py``)."""
         report = self.train(*args)
         report["sums"] = [(g, acc.map_values(as_array)) for g, acc in report["sums"]]
         return report
