@@ -423,7 +423,7 @@ def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local)
 
     @ray.remote
     class Broken:
-        def train(self, *args):
+        def train_arrays(self, *args):
             raise ComponentError("pkg.mod:Algo.client_train", "returned a str", 0, 3)
 
     names = [f"broken-{uuid.uuid4().hex}" for _ in range(2)]
