@@ -64,26 +64,30 @@ def test_threads_give_the_ray_actors_bytes(tiny, ray_local):
 
 
 class FailsOnEvenClients(FedAvg):
-    """Raises on every even client: several groups fail at once."""
+    """Raises on every even client from round 2 on (the pre-flight trains one client of round
+    1, in this process): several groups fail at once, on every worker."""
 
     def client_train(self, task, ctx):
-        if task.client_id % 2 == 0:
+        if task.t >= 1 and task.client_id % 2 == 0:
             raise ValueError(f"client {task.client_id} refuses")
         return super().client_train(task, ctx)
 
 
-def test_threads_raise_the_error_the_in_process_executor_raises(tiny):
+def test_threads_and_actors_raise_the_error_the_in_process_executor_raises(tiny, ray_local):
+    """Several groups fail at once, on every worker: each executor raises the lowest group's
+    error, the one the in-process executor (groups in order) meets first."""
     registry.register_algorithm(FailsOnEvenClients, name="fails_on_even")
     try:
         errors = []
-        for executor in ("inprocess", "threads"):
+        for executor in ("inprocess", "threads", "ray"):
             with pytest.raises(ComponentError) as e:
                 _run(tiny, executor, ["algorithm.name=fails_on_even", "clients_per_round=10",
-                                      "runtime.num_actors=3"], executor)
+                                      "runtime.num_actors=3", "runtime.cpus_per_actor=0.5"],
+                     executor)
             errors.append(str(e.value))
     finally:
         registry.unregister("algorithm", "fails_on_even")
-    assert errors[0] == errors[1] and "refuses" in errors[0]
+    assert errors[0] == errors[1] == errors[2] and "refuses" in errors[0]
 
 
 def _page_executor():
