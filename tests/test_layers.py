@@ -190,35 +190,43 @@ def test_a_component_of_the_previous_interface_is_one_line_naming_what_to_change
 
 
 # ----- the client's result is checked where the core calls it -------------------------------
-class ReturnsTuple(Algorithm):
+class BreaksFromRoundTwo(Algorithm):
+    """Trains plainly in round 1 (the pre-flight trains one client of it, in this process), and
+    from round 2 on does what ``broken`` does: the run's own round meets it."""
+
     def client_train(self, task, ctx):
+        return ClientResult(ctx.train()) if task.t == 0 else self.broken(task, ctx)
+
+
+class ReturnsTuple(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         y = ctx.train()
         return y, ClientResult(y)
 
 
-class ReturnsIntModel(Algorithm):
-    def client_train(self, task, ctx):
+class ReturnsIntModel(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         return ClientResult(ctx.train().long())
 
 
-class ReturnsShortModel(Algorithm):
-    def client_train(self, task, ctx):
+class ReturnsShortModel(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         return ClientResult(ctx.train()[:3])
 
 
-class GrowingPayload(Algorithm):
-    def client_train(self, task, ctx):
+class GrowingPayload(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         y = ctx.train()
         return ClientResult(y, {"v": torch.zeros(1 + task.client_id % 3)})
 
 
-class StringPayload(Algorithm):
-    def client_train(self, task, ctx):
+class StringPayload(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         return ClientResult(ctx.train(), {"note": "hello"})
 
 
-class Raises(Algorithm):
-    def client_train(self, task, ctx):
+class Raises(BreaksFromRoundTwo):
+    def broken(self, task, ctx):
         raise KeyError("missing")
 
 
@@ -236,6 +244,8 @@ def test_a_client_breaking_its_contract_is_one_line_naming_it_the_round_and_the_
                      "runtime.executor=inprocess", f"output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
-    assert f"tests.test_layers:{name}.client_train (round 1" in err[0], err
+    # a shape that differs between clients is found where their sums meet: no one client
+    where = "(round 2)" if name == "GrowingPayload" else "(round 2, client "
+    assert f"tests.test_layers:{name}.client_train {where}" in err[0], err
     assert says in err[0], err
     assert not any("Traceback" in line for line in err)

@@ -68,8 +68,10 @@ class DeploysNaN(Algorithm):
 
 
 class BroadcastsNaN(Algorithm):
+    """NaN from round 2 on: the pre-flight broadcasts round 1, in this process."""
+
     def broadcast(self, x, state, t):
-        return {"x": x * NAN}
+        return {"x": x * NAN if t else x}
 
 
 class ExtraNaN(Algorithm):
@@ -105,7 +107,7 @@ def _named(tiny, *overrides) -> str:
     ([f"algorithm.name={HERE}:DeploysNaN"],
      f"{HERE}:DeploysNaN.deployed (round 1): returned a deployed model holding NaN or ±inf"),
     ([f"algorithm.name={HERE}:BroadcastsNaN"],
-     f"{HERE}:BroadcastsNaN.broadcast (round 1): returned an 'x' holding NaN or ±inf"),
+     f"{HERE}:BroadcastsNaN.broadcast (round 2): returned an 'x' holding NaN or ±inf"),
     ([f"algorithm.name={HERE}:ExtraNaN"],
      f"{HERE}:ExtraNaN.extra_models (round 1): returned its model 'bad' holding NaN or ±inf"),
 ], ids=["rows-of-a-robust-rule", "no-weight", "server-optimiser", "deployed", "broadcast",
