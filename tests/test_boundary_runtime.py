@@ -396,6 +396,9 @@ def _processes_left(tag: str, grace_s: float = 60.0) -> list[int]:
 
 #: the one line Ray itself prints when a local Ray starts (every run, not a failure's dump)
 RAY_START_NOTICE = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+\s+WARNING authentication_token_setup")
+#: a line Ray's own native code (abseil) rarely prints from a worker on a loaded machine, which
+#: Ray forwards as it forwards a user's prints: neither rayfl's nor the failure's
+RAY_NATIVE_NOTICE = re.compile(r"^\S*\((?:[\w.]+ )?pid=\d+\)\S* \[[\w.]+ : \d+\] RAW: ")
 
 
 def test_a_user_error_inside_ray_is_one_line_with_no_dump_and_no_process_left(tmp_path):
@@ -407,11 +410,13 @@ def test_a_user_error_inside_ray_is_one_line_with_no_dump_and_no_process_left(tm
          SELECTOR + "RaisesInRoundThree", "--quiet"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2, run.stderr
-    err = [line for line in run.stderr.splitlines() if not RAY_START_NOTICE.match(line)]
+    err = [line for line in run.stderr.splitlines()
+           if not (RAY_START_NOTICE.match(line) or RAY_NATIVE_NOTICE.match(line))]
     _one_error(err, f"{BAD}:RaisesInRoundThree.select (round 3): raised RuntimeError: the "
                     "selector's own bug")
     assert f'File "{ROOT}/tests/components_bad.py"' in err[1], err  # its path, not Ray's copy
-    assert not any(w in run.stderr for w in ("ray::", "(raylet)", "pid=", "resume")), run.stderr
+    assert not any(w in line for line in err for w in ("ray::", "(raylet)", "pid=", "resume")), \
+        err
     assert _processes_left(tag) == []
 
 
