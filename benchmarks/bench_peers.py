@@ -10,7 +10,7 @@ the FMNIST CNN in channels-last layout, one epoch of SGD (lr 0.01, momentum 0.9,
 - plain loop: two single-thread processes and nothing else (the floor, ``plain_peer.py``);
 - Flower, pfl and BlazeFL (2 threads, as its README recommends, and 2 processes), each
   installed into its own environment under ``.venv-peers/`` (never into rayfl's) from
-  ``benchmarks/peers/requirements-NAME.txt``.
+  ``benchmarks/peers/requirements-NAME.txt`` and rayfl's torch release (the same kernels).
 
 Each pass runs every system once, in a rotated order; a system's speed is samples trained per
 second over the steady rounds (the first two and the last are left out). Printed: each pass,
@@ -43,7 +43,7 @@ INSTALLED = {
     "flower": [],
     "pfl": [],
     # BlazeFL 3.0 needs Python ≥ 3.14 and 2.0.3 declares ≥ 3.12; 2.0.3's code runs on 3.11,
-    # the Python with a local CPU build of torch here.
+    # rayfl's Python.
     "blazefl": ["--ignore-requires-python"],
 }
 # system → (peer script NAME_peer.py, its environment or None for rayfl's, extra arguments)
@@ -67,21 +67,32 @@ def command(system: str) -> list[str]:
     return [python, os.path.join(PEERS, f"{script}_peer.py"), *extra]
 
 
+def same_torch() -> str:
+    """The torch release of rayfl's environment, as a requirement: every peer is installed with
+    it, so every system runs the same kernels (two builds of torch differ in speed by more than
+    the systems do)."""
+    from importlib.metadata import version
+
+    return f"torch=={version('torch')}"
+
+
 def install(name: str) -> str | None:
-    """Create or refresh .venv-peers/NAME from its requirements; None, or why it failed."""
+    """Create or refresh .venv-peers/NAME from its requirements and rayfl's torch; None, or why
+    it failed."""
     requirements = os.path.join(PEERS, f"requirements-{name}.txt")
     if not os.path.exists(requirements):
         return f"{os.path.relpath(requirements, ROOT)} is missing"
     venv = os.path.join(VENVS, name)
     with open(requirements, "rb") as f:
-        digest = hashlib.sha256(f.read() + repr(INSTALLED[name]).encode()).hexdigest()
+        digest = hashlib.sha256(f.read() + repr([*INSTALLED[name], same_torch()]).encode()
+                                ).hexdigest()
     stamp = os.path.join(venv, ".installed")
     if os.path.exists(stamp) and open(stamp).read() == digest:
         return None
     print(f"installing {name} into {os.path.relpath(venv, ROOT)} …", flush=True)
     steps = [[sys.executable, "-m", "venv", "--clear", venv],
              [os.path.join(venv, "bin", "pip"), "install", "-q", "-r", requirements,
-              *INSTALLED[name]]]
+              same_torch(), *INSTALLED[name]]]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True)
         if done.returncode:
@@ -154,40 +165,48 @@ def main(argv=None) -> None:
           f"{facts['mean_client_rows']:.0f} rows and {facts['steps_per_client']:.1f} steps a "
           f"client, {facts['params']:,} parameters; {args.workers} workers × 1 thread; "
           f"samples/s over rounds {steady.start + 1}–{steady.stop} of {args.rounds}", flush=True)
-    speeds = {s: [] for s in systems}
+    speeds: dict[str, dict[int, float]] = {s: {} for s in systems}  # system → pass → speed
     notes = {}
     for p in range(args.passes):
         order = systems[p % len(systems):] + systems[:p % len(systems)]
         for system in order:
             out = os.path.join(VENVS, f"result-{system}-{p}.json")
+            for stale in (out, out + ".pt"):  # an earlier run's, never taken for this one's
+                if os.path.exists(stale):
+                    os.remove(stale)
             result = run_system(system, path, args.rounds, args.workers, out)
             if "error" in result:
                 print(f"  pass {p + 1} {system}: failed — {result['error']}", flush=True)
                 continue
-            speeds[system].append(speed(result["rounds"], steady))
+            speeds[system][p] = speed(result["rounds"], steady)
             label = result["system"] + "".join(f" {a}" for a in RUNS[system][2][1:])
             notes[system] = (label, result.get("note", ""))
-            print(f"  pass {p + 1} {system:8s} {speeds[system][-1]:8,.0f} samples/s "
+            print(f"  pass {p + 1} {system:8s} {speeds[system][p]:8,.0f} samples/s "
                   f"({result['wall_s']:.0f} s wall)", flush=True)
     ours = [s for s in speeds if RUNS[s][1] is None and s != "plain" and speeds[s]]
     print(f"\n{'system':32s} {'samples/s, each pass':>28s}   "
           + "   ".join(f"{notes[s][0]} ÷ it: median (min–max)" for s in ours))
     summary = {}
-    for system, values in speeds.items():
-        if not values:
+    for system, by_pass in speeds.items():
+        if not by_pass:
             continue
+        values = [by_pass.get(p) for p in range(args.passes)]  # None: that pass failed
         summary[system] = {"name": notes[system][0], "note": notes[system][1],
                            "samples_per_s": values}
         columns = []
         for mine in ours:  # each of rayfl's executors against each system, pass by pass
-            ratios = [a / b for a, b in zip(speeds[mine], values)]
+            ratios = [speeds[mine][p] / v for p, v in by_pass.items() if p in speeds[mine]]
             summary[system][f"{mine}_ratio"] = ratios
             columns.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–"
-                           f"{max(ratios):.2f})" if system not in ours else "")
-        each = " ".join(f"{v:,.0f}" for v in values)
+                           f"{max(ratios):.2f})" if system not in ours and ratios else "")
+        each = " ".join("—" if v is None else f"{v:,.0f}" for v in values)
         print(f"{notes[system][0]:32s} {each:>28s}   " + "   ".join(f"{c:32s}" for c in columns))
-    floor = os.path.join(VENVS, "result-plain-0.json.pt")
-    if os.path.exists(floor):
+    def model_of(system: str) -> str | None:  # its final model, from its first pass that ran
+        done = speeds.get(system)
+        return os.path.join(VENVS, f"result-{system}-{min(done)}.json.pt") if done else None
+
+    floor = model_of("plain")
+    if floor and os.path.exists(floor):
         import torch
 
         import workload as wl
@@ -198,8 +217,8 @@ def main(argv=None) -> None:
               f"rounding, which SGD amplifies round after round; training moved the weights by "
               f"up to {moved:.2f}):")
         for system in speeds:
-            model = os.path.join(VENVS, f"result-{system}-0.json.pt")
-            if system != "plain" and system not in ours and os.path.exists(model):
+            model = model_of(system)
+            if system != "plain" and system not in ours and model and os.path.exists(model):
                 gap = max_weight_gap(model, floor)
                 summary[system]["max_weight_gap"] = gap
                 print(f"  {notes[system][0]:30s} {gap:.2e}")

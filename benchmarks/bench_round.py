@@ -6,8 +6,8 @@ evaluates). The plain loop is what a user would write: one process, ``torch.opti
 model as built (NCHW), with 2 threads, 1 thread, and 2 threads in channels-last layout (rayfl's
 default, ``model.channels_last``). rayfl runs 2 single-thread actors and 1 actor with 2 CPUs;
 for the first it prints each actor's samples and busy seconds a round, the imbalance (max/mean
-of the actors' busy seconds), the share of a round the slowest actor trains, and what the
-server does between rounds.
+of the actors' busy seconds), the share of a round the slowest actor trains, how long the
+actors stood idle while the round trained, and what the server does between rounds.
 
     python benchmarks/bench_round.py [--workloads reference,wide,cifar] [key=value ...]
 
@@ -123,7 +123,8 @@ def rate(pairs) -> float:
 
 
 def actor_breakdown(rows: list[dict]) -> list[str]:
-    """Per-actor samples, busy seconds and speed; imbalance; training share; server time."""
+    """Per-actor samples, busy seconds and speed; imbalance; training share; idle actors;
+    server time."""
     actors = len(rows[0]["actor_samples"])
     lines = ["  actor  samples/round  busy s/round  samples/s"]
     for a in range(actors):
@@ -132,12 +133,15 @@ def actor_breakdown(rows: list[dict]) -> list[str]:
         lines.append(f"  {a:5d}  {n / len(rows):13,.0f}  {s / len(rows):12.3f}  {n / s:9,.0f}")
     share = sum(r["actor_train_s_max"] for r in rows) / sum(r["gap_s"] for r in rows)
     between = [r["gap_s"] - r["train_s"] for r in rows]
+    idle = statistics.median(actors * r["train_s"] - sum(r["actor_train_s"]) for r in rows)
     parts = {k: statistics.mean(r.get(k) or 0.0 for r in rows)
              for k in ("plan_s", "aggregate_s", "checkpoint_s")}
     lines += [
         f"  imbalance (max/mean busy seconds), median over rounds: "
         f"{statistics.median(r['actor_imbalance'] for r in rows):.3f}",
         f"  slowest actor's training / round time: {share:.3f}",
+        f"  actors idle while the round trains (actors × training − busy seconds), median over "
+        f"rounds: {idle:.3f} core-s",
         f"  between rounds (round − training): {statistics.mean(between):.3f} s a round "
         f"(sampling {parts['plan_s']:.3f}, merge + server update {parts['aggregate_s']:.3f}, "
         f"checkpoint {parts['checkpoint_s']:.3f}, the rest metrics and polling)"]

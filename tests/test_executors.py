@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -390,3 +391,42 @@ def test_a_groups_sums_cross_rays_object_store_bit_for_bit(ray_local):
     assert same(got.layers[0]["mask"], acc.layers[0]["mask"]) and got.layers[1] == {}
     assert same(got.updates[0], acc.updates[0])
     got.delta_w += 1  # memory of its own, not the object store's read-only view
+
+
+def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
+    """Each actor holds a call in hand: an actor's first call waits for its second to arrive
+    (two at once, as client actors run), which happens only if the executor sends the second
+    before the first is answered; every group is trained once, by one actor."""
+    import threading
+
+    import ray
+
+    from rayfl.runtime.executors import RayExecutor
+
+    @ray.remote(max_concurrency=2)
+    class WaitsForTheNext:
+        def __init__(self):
+            self.second, self.lock = threading.Event(), threading.Lock()
+            self.calls = 0
+
+        def train_arrays(self, t, bc, lr, groups, *rest):
+            with self.lock:
+                self.calls += 1
+                first = self.calls == 1
+            if first and not self.second.wait(timeout=60):
+                raise RuntimeError("no call in hand while the first trained")
+            self.second.set()
+            return {"sums": [], "written": [groups[0][0]], "seconds": 0.0, "store": {},
+                    "peak_rss_mb": 0.0, "private_mb": 0.0}
+
+    names = [f"waits-{uuid.uuid4().hex}" for _ in range(2)]
+    actors = [WaitsForTheNext.options(name=name).remote() for name in names]
+    try:
+        groups = [(g, [(g, 1.0, -1, None)]) for g in range(5)]
+        reports = RayExecutor(names, np.ones(5, dtype=np.int64)).run(
+            0, {"x": torch.zeros(2)}, 0.1, groups, None, np.arange(5))
+        assert sorted(g for r in reports for g in r["written"]) == list(range(5))
+        assert len(reports) == 2  # both actors trained
+    finally:
+        for actor in actors:
+            ray.kill(actor)

@@ -80,9 +80,10 @@ class RuntimeConfig:
                                                     "one)", lo=0)
     dashboard: bool = field(False, doc="start the Ray dashboard with a local Ray")
     actor_timeout_s: Optional[float] = field(
-        1800.0, doc="real seconds a client actor may take for its share of a round (and the "
-                    "server to answer) before it counts as hung: a hung client actor is "
-                    "restarted and its groups re-run; null: wait forever (executor ray only)",
+        1800.0, doc="real seconds a busy client actor may go without answering a call (a call "
+                    "trains one group), and the server likewise, before it counts as hung: a "
+                    "hung client actor is restarted and its groups re-run; null: wait forever "
+                    "(executor ray only)",
         lo=0.0, lo_open=True)
     max_actor_restarts: int = field(
         3, doc="restarts of each client actor that died or hung (its groups are re-run, the "

@@ -6,7 +6,7 @@ An executor is a component (``runtime.executor``, registry kind ``executor``): a
 user's components pickle), and ``build(hosting)``, which makes it in the server from a
 :class:`Hosting`; the instance answers the calls of :class:`~rayfl.runtime.loop.Executor`.
 :class:`RayExecutor` hands groups to client actors as they free up (largest first, the
-broadcast put in the object store once); :class:`InProcessExecutor` trains them in this
+broadcast put in the object store once, each actor holding its next group in hand); :class:`InProcessExecutor` trains them in this
 process with the same ``rayfl.runtime.client_actor.ClientWorker`` code, for debugging and
 notebooks without Ray; :class:`rayfl.runtime.threads.ThreadExecutor` trains them on threads of
 this process. All return the same partial sums, so a config gives the same model bytes on each.
@@ -87,7 +87,7 @@ class RayExecutor:
     """Groups to client actors (named Ray actors hosting many virtual clients).
 
     An actor that dies mid-round is restarted by Ray (``max_restarts``) and its call re-run
-    (``max_task_retries``); one that does not answer within ``timeout_s`` is killed so that the
+    (``max_task_retries``); one that answers no call for ``timeout_s`` is killed so that the
     same happens, and the re-run gets ``startup_s`` (how long the actors took to start, from the
     driver starting them to their first answer) on top of the deadline. Groups depend only on the sampled set and a client's state versions are written
     once per round, so a re-run gives exactly the bytes the first run would have.
@@ -137,31 +137,40 @@ class RayExecutor:
         return results
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
-        """Each actor takes the next group, heaviest first, as soon as it is free: an actor
-        on a slower (or busier) core trains fewer groups, and no actor idles while groups
-        wait. Which actor trains a group changes nothing in its sum. One report per actor
-        that trained, its calls combined. When groups fail, the error raised is the lowest
-        group's (every lower group is run to know): the one the in-process executor, which
-        trains the groups in order, raises."""
+        """Each actor takes the next group, heaviest first, as soon as it is free, and holds
+        one more in hand (an actor trains one call at a time, and goes to the one in hand
+        while its answer to the last goes out): an actor on a slower (or busier) core trains
+        fewer groups, and no actor idles while groups wait. Which actor trains a group changes
+        nothing in its sum. One report per actor that trained, its calls combined. When
+        groups fail, the error raised is the lowest group's (every lower group is run to
+        know): the one the in-process executor, which trains the groups in order, raises."""
         queue = heaviest_first(groups, self.sizes)
         bc_ref, clients_ref = ray.put(numpy_tree(bc)), ray.put(round_clients)
-        running: dict = {}  # call -> (actor index, group, deadline or None)
+        running: dict = {}  # call -> (actor index, group)
+        deadlines: dict = {}  # actor index -> when it counts as hung (None: never)
         done: list[list[dict]] = [[] for _ in self.actors]
         failed: dict = {}  # group -> its error
 
         def give(a: int) -> None:
             g = queue.popleft()
+            if a not in deadlines:  # an idle actor: the clock starts now
+                deadlines[a] = self._deadline(self.timeout_s)
             call = self.actors[a].train_arrays.remote(t, bc_ref, lr, [groups[g]], keep_dir,
                                                       clients_ref)
-            running[call] = (a, g, self._deadline(self.timeout_s))
+            running[call] = (a, g)
 
-        for a in range(min(len(self.actors), len(queue))):
-            give(a)
+        for _ in range(2):
+            for a in range(len(self.actors)):
+                if queue:
+                    give(a)
         while running:
-            call = self._next(running)
+            call = self._next(running, deadlines)
             if call is None:
                 continue
-            a, g, _ = running.pop(call)
+            a, g = running.pop(call)
+            del deadlines[a]
+            if any(owner == a for owner, _ in running.values()):  # its call in hand
+                deadlines[a] = self._deadline(self.timeout_s)
             try:
                 done[a].append(tensors_of(ray.get(call)))
             except ray.exceptions.RayActorError as e:
@@ -179,19 +188,21 @@ class RayExecutor:
     def _deadline(seconds: float | None) -> float | None:
         return None if seconds is None else time.monotonic() + seconds
 
-    def _next(self, running: dict):
-        """The first call of ``running`` to finish, or None after killing (so restarting) the
-        owners of calls past their deadline, which then get ``startup_s`` more."""
-        deadlines = [d for *_, d in running.values() if d is not None]
-        wait = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+    def _next(self, running: dict, deadlines: dict):
+        """The first call of ``running`` to finish, or None after killing (so restarting)
+        the actors that answered nothing by their deadline (``timeout_s`` after their last
+        answer, or after they were given a call when idle); they then get ``startup_s``
+        more."""
+        pending = [d for d in deadlines.values() if d is not None]
+        wait = None if not pending else max(0.0, min(pending) - time.monotonic())
         ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
         if ready:
             return ready[0]
         now = time.monotonic()
-        for call, (a, g, deadline) in list(running.items()):
+        for a, deadline in list(deadlines.items()):
             if deadline is not None and deadline <= now:
                 self._kill(self.actors[a])
-                running[call] = (a, g, self._deadline(self.timeout_s + self.startup_s))
+                deadlines[a] = self._deadline(self.timeout_s + self.startup_s)
         return None
 
     def _kill(self, actor) -> None:
