@@ -265,4 +265,5 @@ class ClientWorker:
 # Ray runs two calls of a client actor at once, and they do their work in turn: while one trains
 # a group, the call before it sends its answer and the call after it reads its arguments, so
 # the actor goes from one group to the next without waiting on Ray.
-ClientActor = ray.remote(max_concurrency=2)(ClientWorker)
+CALLS_AT_ONCE = 2
+ClientActor = ray.remote(max_concurrency=CALLS_AT_ONCE)(ClientWorker)

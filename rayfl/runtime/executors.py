@@ -6,10 +6,11 @@ An executor is a component (``runtime.executor``, registry kind ``executor``): a
 user's components pickle), and ``build(hosting)``, which makes it in the server from a
 :class:`Hosting`; the instance answers the calls of :class:`~rayfl.runtime.loop.Executor`.
 :class:`RayExecutor` hands groups to client actors as they free up (largest first, the
-broadcast put in the object store once, each actor holding its next group in hand); :class:`InProcessExecutor` trains them in this
-process with the same ``rayfl.runtime.client_actor.ClientWorker`` code, for debugging and
-notebooks without Ray; :class:`rayfl.runtime.threads.ThreadExecutor` trains them on threads of
-this process. All return the same partial sums, so a config gives the same model bytes on each.
+broadcast put in the object store once, each actor holding its next group in hand);
+:class:`InProcessExecutor` trains them in this process with the same
+``rayfl.runtime.client_actor.ClientWorker`` code, for debugging and notebooks without Ray;
+:class:`rayfl.runtime.threads.ThreadExecutor` trains them on threads of this process. All
+return the same partial sums, so a config gives the same model bytes on each.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import ray
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
 from rayfl.runtime.aggregate import as_tensor
-from rayfl.runtime.client_actor import ClientWorker, WorkerParts
+from rayfl.runtime.client_actor import CALLS_AT_ONCE, ClientWorker, WorkerParts
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class RayExecutor:
                                                       clients_ref)
             running[call] = (a, g)
 
-        for _ in range(2):
+        for _ in range(CALLS_AT_ONCE):  # a call to train and one in hand, each actor
             for a in range(len(self.actors)):
                 if queue:
                     give(a)
