@@ -188,6 +188,43 @@ def test_fedbn_client_state_holds_its_norm_layers_and_statistics():
     assert set(result.state) == {"personal"}  # the runtime keeps the statistics (local_buffers)
 
 
+def test_outputs_and_features_take_their_minibatch_through_the_clients_device_indices():
+    """ctx.outputs and ctx.features index the rows through ``ClientData.indices`` (on a GPU:
+    the minibatch cut from one upload of its epoch's order, as the gradient function's) rather
+    than copying each minibatch to the device on every call, as MOON's three forwards a step
+    did; the rows they select are the minibatch's."""
+    from rayfl.algorithms.base import ClientTask
+    from rayfl.runtime.context import ClientData, LocalContext
+    from rayfl.runtime.local import DeviceIndices
+
+    class Counted(DeviceIndices):
+        calls = 0
+
+        def __call__(self, idx):
+            Counted.calls += 1
+            return super().__call__(idx)
+
+    model = FlatModel(BNNet((4,), 2))
+    inputs, labels = torch.randn(12, 4), torch.tensor([0, 1] * 6)
+    loss_fn = nn.CrossEntropyLoss()
+    indices = Counted(inputs.device)
+    data = ClientData(12, lambda p, i: model.loss_and_grad(p, inputs[indices(i)],
+                                                           labels[indices(i)], loss_fn),
+                      model, inputs, labels, loss_fn, indices)
+    task = ClientTask(0, 0, 0.1, 1.0, {"x": model.w.clone()}, None)
+    ctx = LocalContext(task, data, LocalSpec(steps=3, batch_size=4), np.random.default_rng(0),
+                       None)
+    for batch in ctx.batches():
+        _, _, got = ctx.outputs(ctx.x, batch)
+        assert torch.equal(got, labels[torch.from_numpy(batch)])
+        ctx.features(ctx.x, batch)
+    assert Counted.calls == 2 * 3 and data.indices is indices
+    bare = ClientData(12, data.grad_fn, model, inputs, labels, loss_fn)  # made on first use
+    LocalContext(task, bare, LocalSpec(steps=1, batch_size=4), np.random.default_rng(0),
+                 None).outputs(ctx.x, np.arange(4))
+    assert isinstance(bare.indices, DeviceIndices)
+
+
 def test_parameter_groups_name_parts_of_the_model():
     layout = FlatModel(BNNet((4,), 3, width=5)).layout
     assert layout.params_in("head") == ["4.weight", "4.bias"]

@@ -173,7 +173,7 @@ class ClientWorker:
                 idx_t = indices(idx)
                 return model.loss_and_grad(point, x[idx_t], y[idx_t], loss_fn)
 
-            return ClientData(len(raw_y), grad_fn, model, x, y, loss_fn)
+            return ClientData(len(raw_y), grad_fn, model, x, y, loss_fn, indices)
 
         return source
 

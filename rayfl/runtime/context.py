@@ -22,14 +22,17 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import PLAIN_SGD, ClientTask, LocalRule, Vec
-from rayfl.runtime.local import GradFn, LocalOptimizer, LocalSpec, batch_schedule, train_client
+from rayfl.runtime.local import (DeviceIndices, GradFn, LocalOptimizer, LocalSpec, batch_schedule,
+                                 train_client)
 
 
 @dataclass
 class ClientData:
     """One client's rows for a round: the gradient function every client has, and — on a
     client actor — the model and the tensors behind it (``None`` for the math tests'
-    gradient-function clients, which have neither buffers nor features)."""
+    gradient-function clients, which have neither buffers nor features). ``indices`` turns a
+    minibatch's index array into a tensor on the rows' device, the one ``grad_fn`` uses: a
+    minibatch of :meth:`LocalContext.batches` is then uploaded once, with its epoch."""
 
     n: int
     grad_fn: GradFn
@@ -37,6 +40,7 @@ class ClientData:
     inputs: torch.Tensor | None = None
     labels: torch.Tensor | None = None
     loss_fn: Callable | None = None
+    indices: DeviceIndices | None = None
 
     @property
     def has_buffers(self) -> bool:
@@ -131,7 +135,9 @@ class LocalContext:
         differentiable for :meth:`backward` (``"repr"``: the classifier head's input; other
         names are module names). A training forward: BatchNorm statistics update."""
         model = self._model()
-        idx = torch.from_numpy(batch).to(self.data.inputs.device)
+        if self.data.indices is None:
+            self.data.indices = DeviceIndices(self.data.inputs.device)
+        idx = self.data.indices(batch)
         logits, feats = model.outputs(point, self.data.inputs[idx], tuple(features))
         return logits, feats, self.data.labels[idx]
 
