@@ -404,6 +404,19 @@ class EditsState(Scaffold):
         return super().client_train(task, ctx)
 
 
+class SortsItsMinibatches(FedAvg):
+    """Sorts each minibatch's index array in place before its step (from round 2 on: the
+    pre-flight trains round 1); on a GPU the rows would still come in the upload's order."""
+
+    def client_train(self, task, ctx):
+        y, opt = ctx.x.clone(), ctx.optimizer()
+        for batch in ctx.batches():
+            if task.t >= 1:
+                batch.sort()
+            opt.step(y, ctx.loss_grad(y, batch)[1])
+        return ClientResult(y)
+
+
 class EditsBroadcastFromRoundTwo(FedAvg):
     """Moves the broadcast model in place from round 2 on (the pre-flight trains round 1)."""
 

@@ -1,6 +1,7 @@
 """What rayfl lends the user's code is read-only, and a model's buffers keep their shape.
 
-The broadcast (``task.bc``, ``ctx.x``), a client's stored state (``task.state``), a layer's
+The broadcast (``task.bc``, ``ctx.x``), a client's stored state (``task.state``), the
+minibatches ``ctx.batches()`` yields (on a GPU their rows come from one upload), a layer's
 broadcast and state (``ctx.broadcast``, ``ctx.state``), and on the server the model, state and
 aggregate ``server_update`` is handed, are shared with other clients, later rounds and the
 checkpoint: an in-place edit of one is refused as one line naming the method and
@@ -67,6 +68,10 @@ EDITS = {
                                "agg.delta_mean in place"),
     "the server's x": ([f"algorithm.name={BAD}:StepsXInPlace"],
                        f"{BAD}:StepsXInPlace.server_update (round 1): edited x in place"),
+    "a minibatch's indices": ([f"algorithm.name={BAD}:SortsItsMinibatches"],
+                              f"{BAD}:SortsItsMinibatches.client_train (round 2, client ",
+                              "edited a minibatch of ctx.batches() in place; the index arrays "
+                              "rayfl lends are read-only"),
     "a buffer's dtype": ([f"model.name={BAD}:DoubleAfterFiveForwards"],
                          f"{BAD}:DoubleAfterFiveForwards.forward (round 1, client ",
                          "buffer 'forwards' went from float32 (1,) to float64 (1,) during "
@@ -82,8 +87,8 @@ def test_an_in_place_edit_of_what_is_lent_is_one_line_in_process(case, cli):
     _one_line(err, *phrases)
 
 
-@pytest.mark.parametrize("case", ["state", "broadcast", "a buffer's dtype",
-                                  "the server's aggregate"])
+@pytest.mark.parametrize("case", ["state", "broadcast", "a minibatch's indices",
+                                  "a buffer's dtype", "the server's aggregate"])
 def test_an_in_place_edit_is_the_same_line_on_ray_actors(case, cli, ray_local):
     overrides, *phrases = EDITS[case]
     code, here = cli("inprocess", *overrides)

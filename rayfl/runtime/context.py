@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from rayfl.algorithms.base import PLAIN_SGD, ClientTask, LocalRule, Vec
+from rayfl.contract import ComponentError
 from rayfl.runtime.local import (DeviceIndices, GradFn, LocalOptimizer, LocalSpec, batch_schedule,
                                  train_client)
 
@@ -61,6 +62,7 @@ class LocalContext:
         self.rng, self.max_steps = rng, max_steps
         self.steps = 0
         self._loss_sum, self._losses = 0.0, 0
+        self._orders: list[tuple[np.ndarray, np.ndarray]] = []  # (each epoch's order, a copy)
 
     # ----- what the round is -----------------------------------------------------------------
     @property
@@ -86,10 +88,26 @@ class LocalContext:
 
     def batches(self) -> Iterator[np.ndarray]:
         """The round's minibatches (index arrays into the client's rows), in the flat-vector
-        path's seeded order; a second call continues the same generator (fresh shuffles)."""
+        path's seeded order; a second call continues the same generator (fresh shuffles).
+        They are lent read-only: on a GPU a minibatch's rows come from one upload of its
+        epoch's order, which an edit in place would not reach (``np.sort(batch)`` makes a new
+        array; an edit stops the run, :meth:`check_batches`)."""
         for idx in batch_schedule(self.n, self.spec, self.rng, self.max_steps):
+            if not self._orders or idx.base is not self._orders[-1][0]:
+                self._orders.append((idx.base, idx.base.copy()))
             self.steps += 1
             yield idx
+
+    def check_batches(self, component: str, round: int | None = None,
+                      client: int | None = None) -> None:
+        """ComponentError naming ``component`` if a minibatch :meth:`batches` lent was edited
+        in place (the same on every device: on a GPU the edit would not reach the rows)."""
+        for order, copy in self._orders:
+            if not np.array_equal(order, copy):
+                raise ComponentError(component, "edited a minibatch of ctx.batches() in place; "
+                                                "the index arrays rayfl lends are read-only (on "
+                                                "a GPU the rows come from their upload): make a "
+                                                "new array, e.g. np.sort(batch)", round, client)
 
     def optimizer(self, lr: float | None = None) -> LocalOptimizer:
         """A fresh local optimiser of the configured kind (``local.*``), at ``lr`` (default η_l)."""

@@ -71,6 +71,7 @@ def run_client(algorithm: Algorithm, task: ClientTask, ctx: LocalContext,
     with calling(where, task.t, task.client_id):
         result = algorithm.client_train(task, ctx)
     lent.check(where, task.t, task.client_id)
+    ctx.check_batches(where, task.t, task.client_id)
 
     def fail(problem: str):
         raise ComponentError(where, problem, task.t, task.client_id)
