@@ -219,7 +219,7 @@ def test_outputs_and_features_take_their_minibatch_through_the_clients_device_in
         assert torch.equal(got, labels[torch.from_numpy(batch)])
         ctx.features(ctx.x, batch)
     assert Counted.calls == 2 * 3 and data.indices is indices
-    bare = ClientData(12, data.grad_fn, model, inputs, labels, loss_fn)  # made on first use
+    bare = ClientData(12, data.grad_fn, model, inputs, labels, loss_fn)  # one of its own
     LocalContext(task, bare, LocalSpec(steps=1, batch_size=4), np.random.default_rng(0),
                  None).outputs(ctx.x, np.arange(4))
     assert isinstance(bare.indices, DeviceIndices)

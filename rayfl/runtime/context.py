@@ -32,8 +32,9 @@ class ClientData:
     """One client's rows for a round: the gradient function every client has, and — on a
     client actor — the model and the tensors behind it (``None`` for the math tests'
     gradient-function clients, which have neither buffers nor features). ``indices`` turns a
-    minibatch's index array into a tensor on the rows' device, the one ``grad_fn`` uses: a
-    minibatch of :meth:`LocalContext.batches` is then uploaded once, with its epoch."""
+    minibatch's index array into a tensor on the rows' device (default: a new one for
+    ``inputs``; the client actor passes the one ``grad_fn`` uses): a minibatch of
+    :meth:`LocalContext.batches` is then uploaded once, with its epoch."""
 
     n: int
     grad_fn: GradFn
@@ -42,6 +43,10 @@ class ClientData:
     labels: torch.Tensor | None = None
     loss_fn: Callable | None = None
     indices: DeviceIndices | None = None
+
+    def __post_init__(self):
+        if self.indices is None and self.inputs is not None:
+            self.indices = DeviceIndices(self.inputs.device)
 
     @property
     def has_buffers(self) -> bool:
@@ -153,8 +158,6 @@ class LocalContext:
         differentiable for :meth:`backward` (``"repr"``: the classifier head's input; other
         names are module names). A training forward: BatchNorm statistics update."""
         model = self._model()
-        if self.data.indices is None:
-            self.data.indices = DeviceIndices(self.data.inputs.device)
         idx = self.data.indices(batch)
         logits, feats = model.outputs(point, self.data.inputs[idx], tuple(features))
         return logits, feats, self.data.labels[idx]
