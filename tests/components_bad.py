@@ -417,6 +417,21 @@ class SortsItsMinibatches(FedAvg):
         return ClientResult(y)
 
 
+class EditsAMinibatchAndPutsItBack(FedAvg):
+    """Points each minibatch at its first row for its step, then restores it (from round 2 on):
+    on the CPU the step trains the edited rows, on a GPU the upload's."""
+
+    def client_train(self, task, ctx):
+        y, opt = ctx.x.clone(), ctx.optimizer()
+        for batch in ctx.batches():
+            saved = batch.copy()
+            if task.t >= 1:
+                batch[:] = batch[0]
+            opt.step(y, ctx.loss_grad(y, batch)[1])
+            batch[:] = saved
+        return ClientResult(y)
+
+
 class EditsBroadcastFromRoundTwo(FedAvg):
     """Moves the broadcast model in place from round 2 on (the pre-flight trains round 1)."""
 

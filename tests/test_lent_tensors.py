@@ -72,6 +72,9 @@ EDITS = {
                               f"{BAD}:SortsItsMinibatches.client_train (round 2, client ",
                               "edited a minibatch of ctx.batches() in place; the index arrays "
                               "rayfl lends are read-only"),
+    "a minibatch, put back": ([f"algorithm.name={BAD}:EditsAMinibatchAndPutsItBack"],
+                              f"{BAD}:EditsAMinibatchAndPutsItBack.client_train (round 2, client ",
+                              "edited a minibatch of ctx.batches() in place"),
     "a buffer's dtype": ([f"model.name={BAD}:DoubleAfterFiveForwards"],
                          f"{BAD}:DoubleAfterFiveForwards.forward (round 1, client ",
                          "buffer 'forwards' went from float32 (1,) to float64 (1,) during "

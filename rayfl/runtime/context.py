@@ -68,6 +68,7 @@ class LocalContext:
         self.steps = 0
         self._loss_sum, self._losses = 0.0, 0
         self._orders: list[tuple[np.ndarray, np.ndarray]] = []  # (each epoch's order, a copy)
+        self._edited = False  # a minibatch was used while edited (even if put back later)
 
     # ----- what the round is -----------------------------------------------------------------
     @property
@@ -107,12 +108,18 @@ class LocalContext:
                       client: int | None = None) -> None:
         """ComponentError naming ``component`` if a minibatch :meth:`batches` lent was edited
         in place (the same on every device: on a GPU the edit would not reach the rows)."""
-        for order, copy in self._orders:
-            if not np.array_equal(order, copy):
-                raise ComponentError(component, "edited a minibatch of ctx.batches() in place; "
-                                                "the index arrays rayfl lends are read-only (on "
-                                                "a GPU the rows come from their upload): make a "
-                                                "new array, e.g. np.sort(batch)", round, client)
+        self._note_edits()
+        if self._edited:
+            raise ComponentError(component, "edited a minibatch of ctx.batches() in place; "
+                                            "the index arrays rayfl lends are read-only (on "
+                                            "a GPU the rows come from their upload): make a "
+                                            "new array, e.g. np.sort(batch)", round, client)
+
+    def _note_edits(self) -> None:
+        """Note whether a minibatch :meth:`batches` lent is edited now: checked before each
+        use too, so an edit put back before the procedure returns is seen."""
+        self._edited = self._edited or any(not np.array_equal(order, copy)
+                                           for order, copy in self._orders)
 
     def optimizer(self, lr: float | None = None) -> LocalOptimizer:
         """A fresh local optimiser of the configured kind (``local.*``), at ``lr`` (default η_l)."""
@@ -139,6 +146,7 @@ class LocalContext:
     def loss_grad(self, point: Vec, batch: np.ndarray, record: bool = True):
         """(loss, flat gradient) of the run's loss at ``point`` on ``batch``. The gradient is a
         buffer the next evaluation overwrites: clone it to keep it."""
+        self._note_edits()
         loss, g = self.data.grad_fn(point, batch)
         if record:
             self._record(loss)
@@ -158,6 +166,7 @@ class LocalContext:
         differentiable for :meth:`backward` (``"repr"``: the classifier head's input; other
         names are module names). A training forward: BatchNorm statistics update."""
         model = self._model()
+        self._note_edits()
         idx = self.data.indices(batch)
         logits, feats = model.outputs(point, self.data.inputs[idx], tuple(features))
         return logits, feats, self.data.labels[idx]
