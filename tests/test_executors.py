@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import uuid
 
 import numpy as np
@@ -394,9 +395,10 @@ def test_a_groups_sums_cross_rays_object_store_bit_for_bit(ray_local):
 
 
 def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
-    """Each actor holds a call in hand: an actor's first call waits for its second to arrive
-    (two at once, as client actors run), which happens only if the executor sends the second
-    before the first is answered; every group is trained once, by one actor."""
+    """Until its speed is known, each actor gets a call in hand at once: an actor's first call
+    waits for its second to arrive (two at once, as client actors run), which happens only if
+    the executor sends the second before the first is answered; every group is trained once,
+    by one actor."""
     import threading
 
     import ray
@@ -429,4 +431,74 @@ def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
         assert len(reports) == 2  # both actors trained
     finally:
         for actor in actors:
+            ray.kill(actor)
+
+
+def test_the_pacer_expects_an_actor_to_finish_at_its_rate_so_far():
+    """Before an actor has answered, its next group goes in hand at once; then ``LEAD_S``
+    before the end its rate predicts: the ratio of its seconds to its samples, earlier calls
+    weighed down by ``KEEP`` each call (so a small client's fixed costs do not make a large one
+    look slow)."""
+    from rayfl.runtime.executors import Pacer
+
+    pacer = Pacer(2)
+    assert pacer.due(0, 5.0, 1000) == 5.0
+    pacer.learn(0, 2.0, 1000)
+    assert pacer.due(0, 5.0, 500) == pytest.approx(5.0 + 1.0 - Pacer.LEAD_S)
+    pacer.learn(0, 0.5, 10)  # 50 ms a sample, but only 10 samples
+    rate = (Pacer.KEEP * 2.0 + 0.5) / (Pacer.KEEP * 1000 + 10)
+    assert pacer.due(0, 5.0, 500) == pytest.approx(5.0 + 500 * rate - Pacer.LEAD_S)
+    assert pacer.due(1, 7.0, 500) == 7.0  # each actor its own
+
+
+def test_no_group_waits_in_the_hand_of_an_actor_still_training_a_long_one(ray_local):
+    """An actor expected to train for long gets no group in hand: while it trains the
+    heaviest group, the other actor trains every other one. (Were a group put in its hand at
+    once, the other could train only three, and the first, waiting for four, would fail.)"""
+    import ray
+
+    from rayfl.runtime.executors import RayExecutor
+
+    @ray.remote
+    class Count:
+        def __init__(self):
+            self.n = 0
+
+        def add(self):
+            self.n += 1
+
+        def get(self):
+            return self.n
+
+    @ray.remote(max_concurrency=2)
+    class Worker:
+        def __init__(self, count):
+            self.count = count
+
+        def train_arrays(self, t, bc, lr, groups, *rest):
+            g = groups[0][0]
+            if g == 0:  # the heaviest: done once the other actor has trained the other four
+                for _ in range(6000):
+                    if ray.get(self.count.get.remote()) == 4:
+                        break
+                    threading.Event().wait(0.01)
+                else:
+                    raise RuntimeError("the other actor did not train the other four groups")
+            else:
+                ray.get(self.count.add.remote())
+            return {"sums": [], "written": [g], "seconds": 0.0, "store": {},
+                    "peak_rss_mb": 0.0, "private_mb": 0.0}
+
+    count = Count.remote()
+    names = [f"paced-{uuid.uuid4().hex}" for _ in range(2)]
+    actors = [Worker.options(name=name).remote(count) for name in names]
+    try:
+        groups = [(g, [(g, 1.0, -1, None)]) for g in range(5)]
+        executor = RayExecutor(names, np.array([100, 1, 1, 1, 1]))
+        for a in range(2):
+            executor.pacer.learn(a, 3600.0, 1)  # an hour a sample: nothing is due in hand
+        reports = executor.run(0, {"x": torch.zeros(2)}, 0.1, groups, None, np.arange(5))
+        assert [r["written"] for r in reports] == [[0], [1, 2, 3, 4]]
+    finally:
+        for actor in [*actors, count]:
             ray.kill(actor)

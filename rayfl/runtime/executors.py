@@ -6,7 +6,8 @@ An executor is a component (``runtime.executor``, registry kind ``executor``): a
 user's components pickle), and ``build(hosting)``, which makes it in the server from a
 :class:`Hosting`; the instance answers the calls of :class:`~rayfl.runtime.loop.Executor`.
 :class:`RayExecutor` hands groups to client actors as they free up (largest first, the
-broadcast put in the object store once, each actor holding its next group in hand);
+broadcast put in the object store once, each actor given its next group in hand just before
+it finishes the one it trains: ``Pacer``);
 :class:`InProcessExecutor` trains them in this process with the same
 ``rayfl.runtime.client_actor.ClientWorker`` code, for debugging and notebooks without Ray;
 :class:`rayfl.runtime.threads.ThreadExecutor` trains them on threads of this process. All
@@ -26,7 +27,7 @@ import ray
 from rayfl.failures import unwrapped
 from rayfl.layers import tree_map
 from rayfl.runtime.aggregate import as_tensor
-from rayfl.runtime.client_actor import CALLS_AT_ONCE, ClientWorker, WorkerParts
+from rayfl.runtime.client_actor import ClientWorker, WorkerParts
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,47 @@ def tensors_of(report: dict) -> dict:
     return report
 
 
+def group_loads(groups: list, sizes: np.ndarray) -> list[int]:
+    """Each group's samples (the sum of its clients' sizes): what its training time goes by."""
+    return [sum(int(sizes[c]) for c, *_ in tasks) for _, tasks in groups]
+
+
 def heaviest_first(groups: list, sizes: np.ndarray) -> deque:
     """The groups' positions in the order workers take them: most samples first, ties by
     position."""
-    loads = [sum(int(sizes[c]) for c, *_ in tasks) for _, tasks in groups]
+    loads = group_loads(groups, sizes)
     return deque(sorted(range(len(groups)), key=lambda g: (-loads[g], g)))
+
+
+class Pacer:
+    """When a client actor gets its next group in hand: ``LEAD_S`` before it is expected to
+    finish the one it trains, from its seconds per sample so far (before it has answered a
+    call, at once).
+
+    A group handed to an actor still training a heavy one waits there, while another actor may
+    run dry and idle to the end of the round; handing it over just in time leaves every group
+    but the ones in hand to whichever actor frees up first, as threads take them. Which actor
+    trains a group changes nothing in its sum."""
+
+    LEAD_S = 0.04  # more than a call takes to reach a busy actor
+    KEEP = 0.9  # the weight of an actor's earlier calls in its rate, each call
+
+    def __init__(self, actors: int):
+        self.seconds = [0.0] * actors  # each actor's training seconds and samples, the
+        self.samples = [0.0] * actors  # earlier calls' weighed down by KEEP each call
+
+    def learn(self, a: int, seconds: float, samples: int) -> None:
+        """Actor ``a`` trained ``samples`` in ``seconds``. Its rate is the ratio of the sums
+        (a small client's fixed costs do not make a large one look slow)."""
+        self.seconds[a] = self.KEEP * self.seconds[a] + seconds
+        self.samples[a] = self.KEEP * self.samples[a] + samples
+
+    def due(self, a: int, began: float, samples: int) -> float:
+        """When actor ``a``, which began ``samples`` at ``began`` (``time.monotonic()``), gets
+        its next group in hand."""
+        if not self.samples[a]:
+            return began
+        return began + samples * self.seconds[a] / self.samples[a] - self.LEAD_S
 
 
 class ActorsLost(RuntimeError):
@@ -100,6 +137,7 @@ class RayExecutor:
         self.sizes, self.timeout_s, self.max_restarts = sizes, timeout_s, max_restarts
         self.startup_s = startup_s
         self.restarts = 0  # actors killed for hanging, over the run
+        self.pacer = Pacer(len(self.actors))
 
     on_ray: ClassVar[bool] = True
     copies_parts: ClassVar[bool] = True  # each actor gets the parts pickled
@@ -138,48 +176,63 @@ class RayExecutor:
         return results
 
     def run(self, t, bc, lr, groups, keep_dir, round_clients) -> list[dict]:
-        """Each actor takes the next group, heaviest first, as soon as it is free, and holds
-        one more in hand (an actor trains one call at a time, and goes to the one in hand
-        while its answer to the last goes out): an actor on a slower (or busier) core trains
-        fewer groups, and no actor idles while groups wait. Which actor trains a group changes
-        nothing in its sum. One report per actor that trained, its calls combined. When
-        groups fail, the error raised is the lowest group's (every lower group is run to
-        know): the one the in-process executor, which trains the groups in order, raises."""
-        queue = heaviest_first(groups, self.sizes)
+        """Each actor takes the next group, heaviest first, as soon as it is free, and gets
+        one more in hand when the ``Pacer`` expects it to finish (an actor trains one call at
+        a time, and goes to the one in hand while its answer to the last goes out): an actor
+        on a slower (or busier) core trains fewer groups, and no actor idles while groups
+        wait. Which actor trains a group changes nothing in its sum. One report per actor
+        that trained, its calls combined. When groups fail, the error raised is the lowest
+        group's (every lower group is run to know): the one the in-process executor, which
+        trains the groups in order, raises."""
+        queue, loads = heaviest_first(groups, self.sizes), group_loads(groups, self.sizes)
         bc_ref, clients_ref = ray.put(numpy_tree(bc)), ray.put(round_clients)
-        running: dict = {}  # call -> (actor index, group)
+        running: dict = {}  # call -> (actor index, group), in the order given
         deadlines: dict = {}  # actor index -> when it counts as hung (None: never)
+        training: dict = {}  # actor index -> (when it began its group, that group's samples)
         done: list[list[dict]] = [[] for _ in self.actors]
         failed: dict = {}  # group -> its error
+
+        def held(a: int) -> list[int]:
+            return [g for owner, g in running.values() if owner == a]
 
         def give(a: int) -> None:
             g = queue.popleft()
             if a not in deadlines:  # an idle actor: the clock starts now
                 deadlines[a] = self._deadline(self.timeout_s)
+                training[a] = (time.monotonic(), loads[g])
             call = self.actors[a].train_arrays.remote(t, bc_ref, lr, [groups[g]], keep_dir,
                                                       clients_ref)
             running[call] = (a, g)
 
-        for _ in range(CALLS_AT_ONCE):  # a call to train and one in hand, each actor
-            for a in range(len(self.actors)):
-                if queue:
-                    give(a)
+        def in_hand_due() -> dict:  # actor -> when it gets a group in hand (queue non-empty)
+            return {a: self.pacer.due(a, *training[a]) for a in range(len(self.actors))
+                    if queue and len(held(a)) == 1}
+
+        for a in range(len(self.actors)):  # a group to train each, heaviest first
+            if queue:
+                give(a)
         while running:
-            call = self._next(running, deadlines)
+            for a, due in in_hand_due().items():
+                if due <= time.monotonic() and queue:
+                    give(a)
+            call = self._next(running, deadlines, min(in_hand_due().values(), default=None))
             if call is None:
                 continue
             a, g = running.pop(call)
             del deadlines[a]
-            if any(owner == a for owner, _ in running.values()):  # its call in hand
+            if held(a):  # its group in hand: it trains that now
                 deadlines[a] = self._deadline(self.timeout_s)
+                training[a] = (time.monotonic(), loads[held(a)[0]])
             try:
-                done[a].append(tensors_of(ray.get(call)))
+                report = tensors_of(ray.get(call))
+                done[a].append(report)
+                self.pacer.learn(a, report["seconds"], loads[g])
             except ray.exceptions.RayActorError as e:
                 raise self._lost(e) from None
             except ray.exceptions.RayTaskError as e:  # a user's ComponentError, say
                 failed[g] = e
                 queue = deque(h for h in queue if h < min(failed))
-            if queue:
+            if queue and not held(a):
                 give(a)
         if failed:
             raise unwrapped(failed[min(failed)]) from None
@@ -189,12 +242,12 @@ class RayExecutor:
     def _deadline(seconds: float | None) -> float | None:
         return None if seconds is None else time.monotonic() + seconds
 
-    def _next(self, running: dict, deadlines: dict):
-        """The first call of ``running`` to finish, or None after killing (so restarting)
-        the actors that answered nothing by their deadline (``timeout_s`` after their last
-        answer, or after they were given a call when idle); they then get ``startup_s``
-        more."""
-        pending = [d for d in deadlines.values() if d is not None]
+    def _next(self, running: dict, deadlines: dict, wake: float | None = None):
+        """The first call of ``running`` to finish; None at ``wake`` (``time.monotonic()``),
+        or after killing (so restarting) the actors that answered nothing by their deadline
+        (``timeout_s`` after their last answer, or after they were given a call when idle);
+        they then get ``startup_s`` more."""
+        pending = [d for d in [*deadlines.values(), wake] if d is not None]
         wait = None if not pending else max(0.0, min(pending) - time.monotonic())
         ready, _ = ray.wait(list(running), num_returns=1, timeout=wait)
         if ready:
