@@ -252,16 +252,14 @@ HETERO = ["aggregation.mode=fedbuff", "aggregation.concurrency=8", "aggregation.
 
 
 def test_fedbuff_same_bytes_for_1_and_3_actors(ray_local, tiny):
-    """With error feedback: a residual one actor wrote is read by whichever trains next."""
-    hashes, stale = set(), 0
-    for actors in (1, 3):  # every wave on one actor; an uneven split
-        res = rayfl.run(TINY, tiny + HETERO + EF + [f"runtime.num_actors={actors}",
-                                                    "runtime.cpus_per_actor=0.5"], quiet=True)
-        hashes.add(res.summary["model_sha256"])
-        stale += sum(res.metrics.column("staleness_max").to_pylist())
+    """With error feedback: a residual one actor wrote is read by whichever trains next. Every
+    wave in one worker (this process), and an uneven split over 3 actors."""
+    res = rayfl.run(TINY, tiny + HETERO + EF + ["runtime.num_actors=3",
+                                                "runtime.cpus_per_actor=0.5"], quiet=True)
+    stale = sum(res.metrics.column("staleness_max").to_pylist())
     here = rayfl.run(TINY, tiny + HETERO + EF + ["runtime.executor=inprocess"], quiet=True)
-    hashes.add(here.summary["model_sha256"])
-    assert len(hashes) == 1 and stale > 0  # stale updates were in the buffers
+    assert res.summary["model_sha256"] == here.summary["model_sha256"]
+    assert stale > 0  # stale updates were in the buffers
 
 
 def test_fedbuff_error_feedback_keeps_one_residual_per_client(tiny):

@@ -46,9 +46,7 @@ def _independent_accuracy(result) -> float:
 def test_buffers_travel_and_the_reported_accuracy_is_the_saved_models(ray_local, tiny):
     inproc = _run(tiny, "runtime.executor=inprocess")
     two = _run(tiny, "runtime.num_actors=2")
-    one = _run(tiny, "runtime.num_actors=1")
-    assert two.summary["model_sha256"] == one.summary["model_sha256"] \
-        == inproc.summary["model_sha256"]
+    assert two.summary["model_sha256"] == inproc.summary["model_sha256"]
     assert abs(_independent_accuracy(two) - two.summary["final_accuracy"]) < 1e-6
     b = np.load(os.path.join(two.run_dir, "final_buffers.npy"))
     fresh = FlatModel(BNNet((16,), 4)).get_buffers().numpy()

@@ -202,9 +202,9 @@ def test_a_foreign_state_file_beyond_the_sample_stops_the_run_when_read(
     first) is read in round 3, and the run stops there in one line, its checkpoint intact."""
     if executor == "ray":
         request.getfixturevalue("ray_local")
-    every = ["algorithm.name=scaffold", "clients_per_round=20", f"runtime.executor={executor}"]
-    mine = _run(tiny, "mine", *every, max_rounds=2)
-    other = _run(tiny, "other", *every, "seed=1", max_rounds=2)
+    every = ["algorithm.name=scaffold", "clients_per_round=20"]
+    mine = _run(tiny, "mine", *every, f"runtime.executor={executor}", max_rounds=2)
+    other = _run(tiny, "other", *every, "runtime.executor=inprocess", "seed=1", max_rounds=2)
     name = _state_files(mine.run_dir)[-1]
     assert len(_state_files(mine.run_dir)) == 20 and name == _state_files(other.run_dir)[-1]
     shutil.copyfile(os.path.join(other.run_dir, "state", name),

@@ -154,7 +154,7 @@ def test_ditto_personal_model_follows_its_update_in_closed_form(lam):
 def test_fedbn_keeps_normalisation_local_on_any_actor_count(ray_local, tiny):
     common = [*tiny, "model.name=examples.bn_model:BNNet", "data.partition=iid", "rounds=2",
               "algorithm.name=fedbn", "clients_per_round=20"]
-    one = run(TINY, [*common, "runtime.num_actors=1"], quiet=True)
+    one = run(TINY, [*common, "runtime.executor=inprocess"], quiet=True)  # one worker
     two = run(TINY, [*common, "runtime.num_actors=2"], quiet=True)
     assert _sha(one) == _sha(two)
     final = torch.from_numpy(np.load(os.path.join(two.run_dir, "final_model.npy")))

@@ -20,7 +20,7 @@ from rayfl.transforms.robust import (Attack, AttackParams, Krum, KrumParams, Med
                                      TrimmedMean, TrimmedMeanParams)
 from tests.conftest import TINY
 
-ROUNDS = ["rounds=6", "clients_per_round=10"]
+ROUNDS = ["rounds=6", "clients_per_round=10", "runtime.executor=inprocess"]  # Ray: below
 
 
 def _agg(updates: torch.Tensor) -> Aggregate:
@@ -158,8 +158,8 @@ def test_trimming_nothing_under_uniform_weights_is_fedavg(tiny):
 def test_a_robust_rule_gives_the_same_bytes_on_one_and_two_actors(tiny, ray_local):
     common = [*tiny, *ROUNDS, _transforms("{name: attack, fraction: 0.3}",
                                           "{name: krum, byzantine: 3, select: 4}")]
-    one = run(TINY, [*common, "runtime.num_actors=1"], quiet=True)
-    two = run(TINY, [*common, "runtime.num_actors=2"], quiet=True)
+    one = run(TINY, common, quiet=True)  # one worker: this process
+    two = run(TINY, [*common, "runtime.executor=ray", "runtime.num_actors=2"], quiet=True)
     assert one.summary["model_sha256"] == two.summary["model_sha256"]
 
 
@@ -181,7 +181,7 @@ def test_a_robust_rule_refuses_secure_aggregation():
 def test_a_robust_rule_acts_in_the_event_driven_mode_too(tiny):
     """FedBuff merges buffered clients' sums: the rule still sees every update and changes the
     model against the plain mean under the same attack."""
-    common = [*tiny, *ROUNDS, "aggregation.mode=fedbuff", "runtime.executor=inprocess"]
+    common = [*tiny, *ROUNDS, "aggregation.mode=fedbuff"]
     attack = "{name: attack, fraction: 0.3}"
     plain = run(TINY, [*common, _transforms(attack)], quiet=True)
     robust = run(TINY, [*common, _transforms(attack, "{name: median}")], quiet=True)
@@ -206,7 +206,7 @@ def test_label_flipping_attackers_train_on_flipped_labels(tiny):
     """Every client a label flipper gives the bytes of honest training on a dataset whose
     training labels are flipped (an iid partition does not read labels); the update itself
     is sent as trained."""
-    iid = [*tiny, *ROUNDS, "data.partition=iid", "runtime.executor=inprocess"]
+    iid = [*tiny, *ROUNDS, "data.partition=iid"]
     attacked = run(TINY, [*iid, _transforms("{name: attack, kind: label_flip, fraction: 1}")],
                    quiet=True)
     flipped = run(TINY, [*iid, "data.dataset=tests.test_robust:FlippedSynthetic"], quiet=True)

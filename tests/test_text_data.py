@@ -471,7 +471,7 @@ def test_next_token_every_other_algorithm_trains(tmp_path, tiny):
 
 
 def test_next_token_same_model_with_one_and_two_actors(tmp_path, tiny, ray_local):
-    one = so_run(tmp_path, tiny, ["runtime.executor=ray", "runtime.num_actors=1", "name=one",
+    one = so_run(tmp_path, tiny, ["runtime.executor=inprocess", "name=one",  # one worker
                                   "algorithm.name=scaffold"])
     two = so_run(tmp_path, tiny, ["runtime.executor=ray", "runtime.num_actors=2", "name=two",
                                   "algorithm.name=scaffold"])
