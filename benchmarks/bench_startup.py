@@ -2,7 +2,8 @@
 interpreter, and a one-round run of the test config (``configs/test/tiny.yaml``: 20 clients of
 logistic regression, 5 a round) on 2 Ray actors against the same run in process — their
 difference is the launch (the client actors' and the server's processes starting, each
-importing torch and rayfl, and their start-up calls).
+importing torch and rayfl, and their start-up calls); and the same run on 2 actors inside
+``rayfl.actor_pool()``, after a first run there left its actors idle (no process starts).
 
 Each pass runs in a fresh process that starts its own local Ray (2 CPUs), as ``rayfl run``
 does; the runs alternate, ray then in process, over ``--passes`` passes. Per pass it prints
@@ -31,21 +32,30 @@ import ray
 ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
          log_to_driver=False)
 seconds = {}
-for executor in ("ray", "inprocess"):
+
+
+def timed(executor):
     t = time.perf_counter()
     rayfl.run(sys.argv[1], [f"output_dir={sys.argv[2]}/runs", f"data.cache_dir={sys.argv[2]}/cache",
                             "rounds=1", f"runtime.executor={executor}"], quiet=True)
-    seconds[executor] = time.perf_counter() - t
-print(imported, seconds["ray"], seconds["inprocess"])
+    return time.perf_counter() - t
+
+
+for executor in ("ray", "inprocess"):
+    seconds[executor] = timed(executor)
+with rayfl.actor_pool():
+    timed("ray")  # its actors stay, idle
+    pooled = timed("ray")
+print(imported, seconds["ray"], seconds["inprocess"], pooled)
 """
 
 
-def one_pass(work: str) -> tuple[float, float, float]:
-    """(import rayfl, a run on 2 actors, the same run in process), in seconds, in a fresh
-    process."""
+def one_pass(work: str) -> tuple[float, float, float, float]:
+    """(import rayfl, a run on 2 actors, the same run in process, the same run on 2 pooled
+    actors), in seconds, in a fresh process."""
     out = subprocess.run([sys.executable, "-c", ONE_PASS, TINY, work], check=True,
                          capture_output=True, text=True).stdout.split()
-    return tuple(float(x) for x in out[-3:])
+    return tuple(float(x) for x in out[-4:])
 
 
 def prepare_store(work: str) -> None:
@@ -67,12 +77,13 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="rayfl-bench-startup-") as work:
         prepare_store(work)
-        print("pass | import rayfl s | run on 2 actors s | in process s | launch s")
+        print("pass | import rayfl s | run on 2 actors s | in process s | launch s | "
+              "on 2 pooled actors s")
         for p in range(args.passes):
-            imported, on_ray, here = one_pass(work)
-            rows.append((imported, on_ray, here, on_ray - here))
-            print(f"{p + 1} | {imported:.2f} | {on_ray:.2f} | {here:.2f} | {on_ray - here:.2f}",
-                  flush=True)
+            imported, on_ray, here, pooled = one_pass(work)
+            rows.append((imported, on_ray, here, on_ray - here, pooled))
+            print(f"{p + 1} | {imported:.2f} | {on_ray:.2f} | {here:.2f} | {on_ray - here:.2f} | "
+                  f"{pooled:.2f}", flush=True)
     spread = [f"{min(c):.2f}–{max(c):.2f}" for c in zip(*rows)]
     print(f"min–max | {' | '.join(spread)}")
 

@@ -9,12 +9,13 @@ from rayfl.contract import ComponentError
 from rayfl.registry import (register_algorithm, register_availability, register_dataset,
                             register_executor, register_model, register_selector,
                             register_server_opt, register_transform, register_wrapper)
+from rayfl.runtime.actor_pool import actor_pool
 from rayfl.runtime.harness import simulate
 from rayfl.runtime.storage import CheckpointError
 from rayfl.simulation import RunResult, resume, run
 from rayfl.version import __version__ as __version__  # re-exported: rayfl.__version__
 
 __all__ = ["CheckpointError", "ComponentError", "Config", "ConfigError", "RunResult",
-           "load_config", "resume", "run", "simulate", "register_algorithm", "register_model",
-           "register_dataset", "register_availability", "register_selector", "register_wrapper",
-           "register_transform", "register_server_opt", "register_executor"]
+           "actor_pool", "load_config", "resume", "run", "simulate", "register_algorithm",
+           "register_model", "register_dataset", "register_availability", "register_selector",
+           "register_wrapper", "register_transform", "register_server_opt", "register_executor"]

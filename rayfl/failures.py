@@ -40,7 +40,6 @@ class RunStopped(RuntimeError):
     ``frames`` holds the user's own frames of an error, if any."""
 
     frames: str = ""
-_QUALIFIED = re.compile(r"^(?:[A-Za-z_][\w]*\.)+([A-Za-z_]\w*: )")  # package.module.Error: ...
 
 
 def remote_cause(e: BaseException) -> BaseException:
@@ -103,6 +102,12 @@ def continue_hint(run_dir: str) -> str:
     return "no round was checkpointed yet (rayfl resume would start the run over)"
 
 
+def _user_frames(e: BaseException) -> str:
+    """The user's frames of a remote error's traceback (or a local one's)."""
+    return user_frames_of(getattr(e, "traceback_str", "") or "".join(
+        traceback.format_exception(e)))
+
+
 def server_failed(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
     """What to raise for the server actor's call ending in ``e`` (a ``RayTaskError``, the
     server's or a client actor's): the user's ComponentError, a ConfigError or a
@@ -115,22 +120,24 @@ def server_failed(e: BaseException, run_dir: str, rounds_seen: int) -> Exception
     text = " ".join(str(cause).split())[:300]
     stopped = RunStopped(f"{type(cause).__name__} in round {rounds_seen + 1}" +
                          (f": {text}" if text else "") + f"; see {run_dir}")
-    stopped.frames = user_frames_of(getattr(e, "traceback_str", "") or "".join(
-        traceback.format_exception(e)))
+    stopped.frames = _user_frames(e)
+    return stopped
+
+
+def server_not_started(e: BaseException) -> RunStopped:
+    """What to raise when the server could not start (its ``start`` call ended in ``e``, a
+    ``RayTaskError``): one line naming what failed, with the user's frames."""
+    clear = unwrapped(e)
+    cause = remote_cause(e)
+    what = str(clear) if isinstance(clear, CLEAR) else f"{type(cause).__name__}: {cause}"
+    stopped = RunStopped(f"the server actor could not start: {what}")
+    stopped.frames = _user_frames(e)
     return stopped
 
 
 def server_died(e: BaseException, run_dir: str, rounds_seen: int) -> Exception:
-    """What to raise when the server actor is gone (``RayActorError``): it could not start, or
-    its process ended mid-run (resumable only from a checkpoint)."""
-    if getattr(e, "actor_init_failed", False):  # Ray keeps only the text of its traceback
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        last = _QUALIFIED.sub(r"\1", lines[-1]) if lines else type(e).__name__
-        # they name what failed
-        last = re.sub(r"^(ComponentError|ConfigError|CheckpointError): ", "", last)
-        stopped = RunStopped(f"the server actor could not start: {last}")
-        stopped.frames = user_frames_of(str(e))
-        return stopped
+    """What to raise when the server actor is gone (``RayActorError``): its process ended
+    (resumable only from a checkpoint)."""
     return RunStopped(f"the server actor died in round {rounds_seen + 1} (its process ended: "
                       f"killed, out of memory, or a crash in native code); "
                       f"{continue_hint(run_dir)}")

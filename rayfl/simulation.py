@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -28,18 +27,16 @@ from rayfl.data import prepare
 from rayfl.data.regime import check_regime
 from rayfl.failures import RunStopped
 from rayfl.metrics import provenance
-from rayfl.metrics.files import write_json
 from rayfl.metrics.loggers import check_mlflow, end_run
 from rayfl.metrics.progress import (Eta, empty_note, endpoints_line, hms, resume_hint,
                                     sigterm_as_interrupt)
 from rayfl.models import check_fits, check_single_rows
 from rayfl.models.flat import flat_spec
-from rayfl.runtime import checkpoint, run_state, storage
-from rayfl.runtime.client_actor import ClientActor, WorkerParts
+from rayfl.runtime import checkpoint, run_actors, run_state, storage
+from rayfl.runtime.client_actor import WorkerParts
 from rayfl.runtime.cluster import connect_ray, require_actor_resources
 from rayfl.runtime.executors import ActorsLost
-from rayfl.runtime.placement import on_driver_node
-from rayfl.runtime.server import Server, ServerActor
+from rayfl.runtime.server import Server
 from rayfl.runtime.storage import StorageError
 
 
@@ -89,32 +86,6 @@ def _check_local_ray(cfg: Config) -> None:
                           "process); join a cluster with runtime.address")
 
 
-def _start(cfg: Config, parts, settings, run_dir: str, resume: bool):
-    rt = cfg.runtime
-    tag = os.path.basename(run_dir)
-    names = [f"rayfl/{tag}/client-{i}" for i in range(rt.num_actors)]
-    budget = rt.state_memory_mb * 2**20 / rt.num_actors
-    state_root = storage.state_root_of(settings.location)
-    env = {k: os.environ[k] for k in ("RAYFL_FAULT",) if k in os.environ}  # fault injection
-    started_at = time.time()  # the server, on this node, times the actors' start-up from it
-    actors = [ClientActor.options(name=n, num_cpus=rt.cpus_per_actor, num_gpus=rt.gpus_per_actor,
-                                  max_restarts=rt.max_actor_restarts,
-                                  max_task_retries=rt.max_actor_restarts,
-                                  runtime_env={"env_vars": env} if env else None)
-              .remote(parts.worker, parts.handle, state_root, budget) for n in names]
-    # the server's process starts beside the actors', not after them
-    server = ServerActor.options(name=f"rayfl/{tag}/server", **on_driver_node()).remote(
-        parts, settings, run_dir, names, resume, started_at)
-    try:
-        placement = ray.get([a.ready.remote() for a in actors])
-        write_json({n: p for n, p in zip(names, placement)}, os.path.join(run_dir, "actors.json"))
-    except BaseException:
-        for a in [server, *actors]:
-            ray.kill(a)
-        raise
-    return server, actors
-
-
 def _cause(e: Exception) -> Exception:
     """The server's own exception, without the traceback Ray wraps around it."""
     return getattr(e, "cause", None) or e
@@ -126,9 +97,16 @@ def _write_failed(e: Exception, run_dir: str) -> RunStopped:
                       f"resume {run_dir}")
 
 
-def _follow(server, run_dir: str, timeout_s: float | None, quiet: bool,
+def _follow(actors: run_actors.RunActors, run_dir: str, timeout_s: float | None, quiet: bool,
             max_rounds: int | None, on_round) -> dict:
     follow = on_round is not None  # the server waits for its verdict on each round
+    server = actors.server[1]
+    try:
+        ray.get(actors.started)
+    except ray.exceptions.RayActorError as e:
+        raise failures.server_died(e, run_dir, 0) from None
+    except ray.exceptions.RayTaskError as e:
+        raise failures.server_not_started(e) from None
     ref = server.run.remote(max_rounds, follow=follow)
     seen, stopping, started, eta = 0, False, False, Eta()
     while True:
@@ -226,10 +204,10 @@ def _execute(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
         sigterm_as_interrupt()
         if not quiet and (line := endpoints_line()):
             print(line, flush=True)
-        server, actors = _start(cfg, parts, settings, run_dir, resume)
+        actors = run_actors.start(cfg, parts, settings, run_dir, resume)
         ended = None  # the MLflow run's status when the driver stops the run
         try:
-            summary = _follow(server, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
+            summary = _follow(actors, run_dir, cfg.runtime.actor_timeout_s, quiet, max_rounds,
                               on_round)
         except KeyboardInterrupt:  # Ctrl-C / SIGTERM (rayfl.cli): actors go, the checkpoint stays
             ended = "KILLED"
@@ -239,8 +217,7 @@ def _execute(cfg: Config, parts, run_dir: str, resume: bool, quiet: bool,
             ended = "FAILED"
             raise
         finally:
-            for a in [server, *actors]:
-                ray.kill(a)
+            actors.end(clean=ended is None)
             if ended is not None:
                 end_run(cfg.loggers, run_dir, ended)
     if "paused_after_round" in summary:

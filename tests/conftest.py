@@ -40,6 +40,35 @@ def ray_local():
     ray.shutdown()
 
 
+_POOL: list = []  # the session's rayfl.runtime.actor_pool.ActorPool, made on first use
+
+
+@pytest.fixture(autouse=True)
+def warm_actors(request):
+    """A test's runs on Ray take the idle actors its earlier runs left, and the idle server
+    actors of the session's earlier tests (``rayfl.actor_pool``), instead of starting processes
+    that import torch each; a test marked ``fresh_actors`` starts its own, as a run outside a
+    pool does. The idle client actors end with the test: they hold CPUs the next test's own
+    actors and tasks need."""
+    if request.node.get_closest_marker("fresh_actors"):
+        yield
+        return
+    from rayfl.runtime.actor_pool import ActorPool
+
+    if not _POOL:
+        _POOL.append(ActorPool())
+    with _POOL[0]:
+        try:
+            yield
+        finally:
+            _POOL[0].close(("client",))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fresh_actors: the test's runs start their own actors, "
+                                       "not the session pool's")
+
+
 @pytest.fixture
 def tiny(tmp_path):
     """Overrides that keep a tiny run's outputs and partition cache inside tmp_path."""

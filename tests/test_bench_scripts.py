@@ -57,9 +57,11 @@ def test_bench_client_path_prints_both_sides_and_the_pieces():
 
 def test_bench_startup_prints_each_pass_and_the_spread():
     lines = _run("bench_startup.py", "--passes", "1")
-    assert lines[0] == "pass | import rayfl s | run on 2 actors s | in process s | launch s"
-    assert re.fullmatch(rf"1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| -?{NUMBER}", lines[1]), lines
-    assert re.fullmatch(rf"min–max( \| -?{NUMBER}–-?{NUMBER}){{4}}", lines[2]), lines
+    assert lines[0] == ("pass | import rayfl s | run on 2 actors s | in process s | launch s | "
+                        "on 2 pooled actors s")
+    assert re.fullmatch(rf"1 \| {NUMBER} \| {NUMBER} \| {NUMBER} \| -?{NUMBER} \| {NUMBER}",
+                        lines[1]), lines
+    assert re.fullmatch(rf"min–max( \| -?{NUMBER}–-?{NUMBER}){{5}}", lines[2]), lines
 
 
 def test_bench_report_prints_both_ways_and_the_ratio():

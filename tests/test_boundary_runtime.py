@@ -431,10 +431,9 @@ def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local)
         def train_arrays(self, *args):
             raise ComponentError("pkg.mod:Algo.client_train", "returned a str", 0, 3)
 
-    names = [f"broken-{uuid.uuid4().hex}" for _ in range(2)]
-    actors = [Broken.options(name=name).remote() for name in names]
+    actors = [Broken.remote() for _ in range(2)]
     try:  # both actors fail: the error of one is raised, the other's read (not left to Ray)
-        executor = RayExecutor(names, np.ones(4, dtype=np.int64))
+        executor = RayExecutor(actors, np.ones(4, dtype=np.int64))
         with pytest.raises(ComponentError) as info:
             executor.run(0, {"x": torch.zeros(2)}, 0.1, [(0, [(3, 1.0, -1, None)]),
                                                          (1, [(2, 1.0, -1, None)])], None,
@@ -466,15 +465,16 @@ def test_resume_is_advised_only_with_a_checkpoint_to_continue_from(paused, tmp_p
 
 
 def test_a_server_that_could_not_start_says_why_in_one_line():
-    from ray.exceptions import ActorDiedError, RayTaskError
+    from ray.exceptions import RayTaskError
 
     from rayfl import failures
+    from rayfl.contract import ComponentError
 
     text = (f'Traceback (most recent call last):\n  File "{ROOT}/tests/components_bad.py", line 9, '
             'in load_state\n    return {}["x"]\nrayfl.contract.ComponentError: '
             f"{BAD}:X.load_state: raised KeyError: 'x'\n")
-    stopped = failures.server_died(ActorDiedError(RayTaskError("Server.__init__", text,
-                                                               KeyError("x"))), "/nowhere", 0)
+    cause = ComponentError(f"{BAD}:X.load_state", "raised KeyError: 'x'")
+    stopped = failures.server_not_started(RayTaskError("ServerHost.start", text, cause))
     assert str(stopped) == (f"the server actor could not start: {BAD}:X.load_state: raised "
                             "KeyError: 'x'")
     assert stopped.frames.splitlines() == [f'  File "{ROOT}/tests/components_bad.py", line 9, in '

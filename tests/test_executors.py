@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import uuid
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -411,7 +410,7 @@ def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
             self.second, self.lock = threading.Event(), threading.Lock()
             self.calls = 0
 
-        def train_arrays(self, t, bc, lr, groups, *rest):
+        def train_arrays(self, binding, t, bc, lr, groups, *rest):
             with self.lock:
                 self.calls += 1
                 first = self.calls == 1
@@ -421,11 +420,10 @@ def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
             return {"sums": [], "written": [groups[0][0]], "seconds": 0.0, "store": {},
                     "peak_rss_mb": 0.0, "private_mb": 0.0}
 
-    names = [f"waits-{uuid.uuid4().hex}" for _ in range(2)]
-    actors = [WaitsForTheNext.options(name=name).remote() for name in names]
+    actors = [WaitsForTheNext.remote() for _ in range(2)]
     try:
         groups = [(g, [(g, 1.0, -1, None)]) for g in range(5)]
-        reports = RayExecutor(names, np.ones(5, dtype=np.int64)).run(
+        reports = RayExecutor(actors, np.ones(5, dtype=np.int64)).run(
             0, {"x": torch.zeros(2)}, 0.1, groups, None, np.arange(5))
         assert sorted(g for r in reports for g in r["written"]) == list(range(5))
         assert len(reports) == 2  # both actors trained
@@ -475,7 +473,7 @@ def test_no_group_waits_in_the_hand_of_an_actor_still_training_a_long_one(ray_lo
         def __init__(self, count):
             self.count = count
 
-        def train_arrays(self, t, bc, lr, groups, *rest):
+        def train_arrays(self, binding, t, bc, lr, groups, *rest):
             g = groups[0][0]
             if g == 0:  # the heaviest: done once the other actor has trained the other four
                 for _ in range(6000):
@@ -490,11 +488,10 @@ def test_no_group_waits_in_the_hand_of_an_actor_still_training_a_long_one(ray_lo
                     "peak_rss_mb": 0.0, "private_mb": 0.0}
 
     count = Count.remote()
-    names = [f"paced-{uuid.uuid4().hex}" for _ in range(2)]
-    actors = [Worker.options(name=name).remote(count) for name in names]
+    actors = [Worker.remote(count) for _ in range(2)]
     try:
         groups = [(g, [(g, 1.0, -1, None)]) for g in range(5)]
-        executor = RayExecutor(names, np.array([100, 1, 1, 1, 1]))
+        executor = RayExecutor(actors, np.array([100, 1, 1, 1, 1]))
         for a in range(2):
             executor.pacer.learn(a, 3600.0, 1)  # an hour a sample: nothing is due in hand
         reports = executor.run(0, {"x": torch.zeros(2)}, 0.1, groups, None, np.arange(5))

@@ -156,6 +156,7 @@ def test_a_client_actor_that_dies_or_hangs_mid_round_is_replaced_with_the_same_b
     assert faulted.metrics.num_rows == 3
 
 
+@pytest.mark.fresh_actors  # the server is found by its run's name
 def test_a_dead_server_actor_ends_the_run_with_the_resume_command(ray_local, tiny, tmp_path):
     import ray
 

@@ -73,7 +73,7 @@ def test_the_scale_tutorial_trains_100k_clients_on_a_cluster_and_reads_the_run(
         len(os.listdir(runs)) == 1, stdout[-3000:] + stderr[-3000:]
     # the dashboard listed the run's actors (two client actors and the server), ended with it
     listed = [ln.split() for ln in stdout.splitlines() if "rayfl/scale-" in ln]
-    assert sorted(row[2] for row in listed) == ["ClientWorker", "ClientWorker", "Server"], \
+    assert sorted(row[2] for row in listed) == ["ClientHost", "ClientHost", "ServerHost"], \
         stdout[-3000:] + stderr[-3000:]
     assert all(row[3] == "DEAD" for row in listed)
 

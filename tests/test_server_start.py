@@ -52,21 +52,21 @@ def test_a_client_actor_gone_before_the_server_starts_is_lost_not_the_servers_er
 
     @ray.remote(num_cpus=0)
     class Actor:
-        def ready(self) -> dict:
+        def ready(self, binding) -> dict:
             return {}
 
-    actor = Actor.options(name="rayfl-test/gone").remote()
-    ray.get(actor.ready.remote())  # the driver's wait
+    actor = Actor.remote()
+    ray.get(actor.ready.remote(None))  # the driver's wait
     ray.kill(actor, no_restart=True)
     for _ in range(1000):  # until it is gone: a call sent before the kill lands still answers
         try:
-            ray.get(actor.ready.remote())
+            ray.get(actor.ready.remote(None))
         except ray.exceptions.RayActorError:
             break
         time.sleep(0.01)
     else:
         raise AssertionError("the killed actor still answers")
     runtime = SimpleNamespace(actor_timeout_s=None, max_actor_restarts=0)
-    hosting = Hosting(None, None, "", runtime, np.ones(1), ["rayfl-test/gone"], None)
+    hosting = Hosting(None, None, "", runtime, np.ones(1), [actor], None)
     with pytest.raises(ActorsLost, match="a client actor stopped before the first round"):
         RayExecutor.build(hosting)

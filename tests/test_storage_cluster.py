@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 import rayfl
 from tests.conftest import TINY, s3_keys
 from tests.test_data_cluster import RAY_ARGS, own_ray  # noqa: F401,F811  (fixture)
@@ -38,6 +40,7 @@ def test_state_and_checkpoints_on_s3_pause_resume_match_local_disk(ray_local, ti
     assert "checkpoints" in os.listdir(local.run_dir)
 
 
+@pytest.mark.fresh_actors  # each run's own server actor is placed
 def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray, s3_server):
     """Each node has its own data cache (re-derived there) and nothing but the S3 server in
     common for client state and checkpoints; the run is paused and resumed on the cluster. The
@@ -81,7 +84,7 @@ def test_two_nodes_sharing_only_s3_match_one_node(tmp_path, monkeypatch, own_ray
         # the actor table of the cluster this driver is connected to, read from its GCS (the
         # state API would need the dashboard, which may fail to start on a loaded machine)
         servers = [a["Address"]["NodeID"] for a in actor_table().values()
-                   if a["ActorClassName"] == "Server"]
+                   if a["ActorClassName"] == "ServerHost"]
     finally:
         ray.shutdown()
         cluster.shutdown()

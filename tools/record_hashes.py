@@ -83,7 +83,8 @@ def record(executor: str, only: list[str] | None = None) -> dict[str, dict]:
     where = (["runtime.executor=inprocess"] if executor == "inprocess"
              else ["runtime.num_actors=2"])
     out = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    # the Ray runs share their actors, as a sweep's do (a pooled actor gives a fresh one's bytes)
+    with tempfile.TemporaryDirectory() as tmp, rayfl.actor_pool():
         for name, overrides in cases().items():
             if only and name not in only:
                 continue

@@ -18,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rayfl.config import Config
 from rayfl.metrics.tables import read_rows
+from rayfl.runtime import actor_pool
 from rayfl.simulation import run
 
 STOP_WAIT_S = 10.0  # how long a cancelled run gets to stop its actors before its group goes
@@ -41,6 +42,7 @@ class TrialRun:
     """A launched trial: its placement group, its task, and what of its metrics was read."""
 
     def __init__(self, cfg: Config, run_dir: str, tag: str):
+        actor_pool.make_room()  # an idle pooled actor's CPUs are the trial's
         self.pg = placement_group(bundles(cfg), strategy="PACK", name=tag)
         strategy = PlacementGroupSchedulingStrategy(self.pg,
                                                     placement_group_capture_child_tasks=True)

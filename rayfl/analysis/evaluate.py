@@ -16,6 +16,7 @@ import torch
 
 from rayfl.data.store import seeded_subset
 from rayfl.models.metrics import criterion
+from rayfl.runtime import actor_pool
 from rayfl.runtime.client_actor import model_for
 from rayfl.schema import ConfigError
 
@@ -100,6 +101,7 @@ def _run(task, cfg, handle, data, origin, dirs, coeffs, batch_size, chunks):
     origin = np.asarray(origin, dtype=np.float64)
     dirs = np.atleast_2d(np.asarray(dirs, dtype=np.float64))
     coeffs = np.atleast_2d(np.asarray(coeffs, dtype=np.float64))
+    actor_pool.make_room()  # an idle pooled actor's CPUs are these tasks'
     cpus = int(ray.cluster_resources().get("CPU", 1))
     parts = np.array_split(np.arange(len(coeffs)), min(len(coeffs), chunks or 2 * cpus))
     refs = [ray.put(v) for v in (cfg, handle, data, origin, dirs)]

@@ -262,8 +262,59 @@ class ClientWorker:
                              t, self.seed, finetune, batch_size, b, personal)
 
 
+class ClientHost:
+    """A client actor's process: the :class:`ClientWorker` of the run whose binding its calls
+    carry (``[ObjectRef]`` of the worker's arguments), built on the first call with it. So a
+    process serves whichever run it is handed to (:mod:`rayfl.runtime.actor_pool`), and one Ray
+    restarted serves its run again."""
+
+    def __init__(self):
+        self.bound: str | None = None  # the binding's object, hex
+        self.worker: ClientWorker | None = None
+        self.binding_lock = threading.Lock()
+
+    def _worker(self, binding: list) -> ClientWorker:
+        ref = binding[0]
+        with self.binding_lock:
+            if self.bound != ref.hex():
+                self.worker = None  # the last run's worker is freed before this one is built
+                torch.use_deterministic_algorithms(False)  # as in a new process, unless asked
+                self.worker, self.bound = ClientWorker(*ray.get(ref)), ref.hex()
+            return self.worker
+
+    def ping(self) -> None:
+        """An answer: the process is alive and not hung."""
+
+    def ready(self, binding: list) -> dict:
+        return self._worker(binding).ready()
+
+    def train_arrays(self, binding: list, *args) -> dict:
+        return self._worker(binding).train_arrays(*args)
+
+    def setup_summaries(self, binding: list, client_ids) -> np.ndarray:
+        return self._worker(binding).setup_summaries(client_ids)
+
+    def client_losses(self, binding: list, *args) -> np.ndarray:
+        return self._worker(binding).client_losses(*args)
+
+    def client_scores(self, binding: list, *args) -> np.ndarray:
+        return self._worker(binding).client_scores(*args)
+
+    def release(self, binding: list) -> None:
+        """The run of ``binding`` has ended: its worker (model, state cache, data) is freed."""
+        with self.binding_lock:
+            if self.bound == binding[0].hex():
+                self.worker, self.bound = None, None
+
+
+def bind(worker_args: tuple) -> list:
+    """A run's binding: its client workers' arguments put in the object store once, inside a
+    list (so Ray hands the reference itself to each call, not the object)."""
+    return [ray.put(worker_args)]
+
+
 # Ray runs two calls of a client actor at once, and they do their work in turn: while one trains
 # a group, the call before it sends its answer and the call after it reads its arguments, so
 # the actor goes from one group to the next without waiting on Ray.
 CALLS_AT_ONCE = 2
-ClientActor = ray.remote(max_concurrency=CALLS_AT_ONCE)(ClientWorker)
+ClientActor = ray.remote(max_concurrency=CALLS_AT_ONCE)(ClientHost)

@@ -36,15 +36,16 @@ class Hosting:
     built them, the partition store's handle, where client state lives, the ``runtime``
     section, the clients' sizes, and (``on_ray`` executors) the client actors the driver
     started, with when it started them (``time.time()`` on the driver's node, where the server
-    runs)."""
+    runs) and the run's binding their calls carry (``rayfl.runtime.client_actor.bind``)."""
 
     parts: WorkerParts
     handle: Any
     state_root: str
     runtime: Any  # rayfl.runtime.config.RuntimeConfig
     sizes: np.ndarray
-    actor_names: list[str] | None = None
+    actors: list | None = None
     started_at: float | None = None
+    binding: list | None = None
 
     def worker(self, share: int = 1) -> ClientWorker:
         """A client worker in this process with 1/``share`` of the state memory budget."""
@@ -122,7 +123,10 @@ class ActorsLost(RuntimeError):
 
 
 class RayExecutor:
-    """Groups to client actors (named Ray actors hosting many virtual clients).
+    """Groups to client actors (Ray actors hosting many virtual clients).
+
+    Each call carries the run's ``binding``, from which a client actor (``ClientHost``) builds
+    the run's worker.
 
     An actor that dies mid-round is restarted by Ray (``max_restarts``) and its call re-run
     (``max_task_retries``); one that answers no call for ``timeout_s`` is killed so that the
@@ -131,9 +135,9 @@ class RayExecutor:
     once per round, so a re-run gives exactly the bytes the first run would have.
     """
 
-    def __init__(self, actor_names: list[str], sizes: np.ndarray, timeout_s: float | None = None,
-                 max_restarts: int = 0, startup_s: float = 0.0):
-        self.actors = [ray.get_actor(n) for n in actor_names]
+    def __init__(self, actors: list, sizes: np.ndarray, timeout_s: float | None = None,
+                 max_restarts: int = 0, startup_s: float = 0.0, binding: list | None = None):
+        self.actors, self.binding = actors, binding
         self.sizes, self.timeout_s, self.max_restarts = sizes, timeout_s, max_restarts
         self.startup_s = startup_s
         self.restarts = 0  # actors killed for hanging, over the run
@@ -149,16 +153,15 @@ class RayExecutor:
         deadline."""
         rt = hosting.runtime
         try:  # the driver waited for them too: one gone since is lost, and named so
-            actors = [ray.get_actor(n) for n in hosting.actor_names]
-            ray.get([a.ready.remote() for a in actors])
-        except (ValueError, ray.exceptions.RayActorError) as e:
+            ray.get([a.ready.remote(hosting.binding) for a in hosting.actors])
+        except ray.exceptions.RayActorError as e:
             raise ActorsLost(f"a client actor stopped before the first round "
                              f"({type(e).__name__})") from None
         # never below 0: under Ray Client the driver's clock is another machine's
         startup_s = 0.0 if hosting.started_at is None else \
             max(0.0, time.time() - hosting.started_at)
-        return cls(hosting.actor_names, hosting.sizes, rt.actor_timeout_s,
-                   rt.max_actor_restarts, startup_s)
+        return cls(hosting.actors, hosting.sizes, rt.actor_timeout_s,
+                   rt.max_actor_restarts, startup_s, hosting.binding)
 
     def _wait(self, refs: list, owners: list) -> list[dict]:
         """Results of ``refs`` in order, killing (so restarting) owners that exceed the
@@ -200,8 +203,8 @@ class RayExecutor:
             if a not in deadlines:  # an idle actor: the clock starts now
                 deadlines[a] = self._deadline(self.timeout_s)
                 training[a] = (time.monotonic(), loads[g])
-            call = self.actors[a].train_arrays.remote(t, bc_ref, lr, [groups[g]], keep_dir,
-                                                      clients_ref)
+            call = self.actors[a].train_arrays.remote(self.binding, t, bc_ref, lr, [groups[g]],
+                                                      keep_dir, clients_ref)
             running[call] = (a, g)
 
         def in_hand_due() -> dict:  # actor -> when it gets a group in hand (queue non-empty)
@@ -289,7 +292,7 @@ class RayExecutor:
 
     def summaries(self, client_ids: np.ndarray) -> np.ndarray:
         chunks = np.array_split(client_ids, len(self.actors))
-        return np.concatenate(self._wait([a.setup_summaries.remote(c)
+        return np.concatenate(self._wait([a.setup_summaries.remote(self.binding, c)
                                           for a, c in zip(self.actors, chunks)], self.actors))
 
     def client_scores(self, t, point, client_ids, finetune, batch_size,
@@ -300,8 +303,8 @@ class RayExecutor:
         split = zip(np.array_split(client_ids, n),
                     np.array_split(versions, n) if versions is not None else [None] * n)
         busy = [(a, c, v) for a, (c, v) in zip(self.actors, split) if len(c)]
-        parts = self._wait([a.client_scores.remote(t, point_ref, c, finetune, batch_size,
-                                                   buffers, v) for a, c, v in busy],
+        parts = self._wait([a.client_scores.remote(self.binding, t, point_ref, c, finetune,
+                                                   batch_size, buffers, v) for a, c, v in busy],
                            [a for a, _, _ in busy])
         return np.concatenate(parts) if parts else np.zeros((0, 6))
 
@@ -310,7 +313,7 @@ class RayExecutor:
         point_ref = ray.put(point)
         busy = [(a, c) for a, c in zip(self.actors, np.array_split(client_ids, len(self.actors)))
                 if len(c)]
-        parts = self._wait([a.client_losses.remote(point_ref, c, batch_size, buffers)
+        parts = self._wait([a.client_losses.remote(self.binding, point_ref, c, batch_size, buffers)
                             for a, c in busy], [a for a, _ in busy])
         return np.concatenate(parts) if parts else np.zeros(0)
 

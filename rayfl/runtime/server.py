@@ -66,13 +66,14 @@ class Server:
     """Owns the algorithm's server state and the round loop (runs as a Ray actor)."""
 
     def __init__(self, parts, settings: ServerSettings, run_dir: str,
-                 actor_names: list[str] | None, resume: bool = False,
-                 actors_started_at: float | None = None):
+                 actors: list | None, resume: bool = False,
+                 actors_started_at: float | None = None, binding: list | None = None):
         """``parts``: the run's parts as the driver built them (:class:`rayfl.simulation.Parts`:
         the data handle, the client workers' parts with the run's stack, what the round planner
         is made of, the executor class); ``settings``: the server's own
-        (:class:`ServerSettings`); ``actor_names``: the client actors an ``on_ray`` executor
-        trains on; ``actors_started_at``: when the driver started them (``time.time()``)."""
+        (:class:`ServerSettings`); ``actors``: the client actors an ``on_ray`` executor
+        trains on, ``actors_started_at`` when the driver started them (``time.time()``) and
+        ``binding`` what their calls carry (:func:`rayfl.runtime.client_actor.bind`)."""
         rt = settings.runtime
         torch.set_num_threads(max(1, min(os.cpu_count() or 1,
                                          math.floor(rt.num_actors * rt.cpus_per_actor))))
@@ -95,7 +96,8 @@ class Server:
         self.x0 = None if self.canaries is None else self.model.w.detach().cpu().double().clone()
         self.sampler = run_sampler(parts.sampling, handle, self.stack, self.model.w)
         executor = built(parts.executor, Hosting(parts.worker, handle, self.state_root, rt,
-                                                 self.sizes, actor_names, actors_started_at))
+                                                 self.sizes, actors, actors_started_at,
+                                                 binding))
         self.loop = RoundLoop(self.stack, executor, self.sizes, rt.logical_shards,
                               Messages(self.state_root))
         self.asynchronous = async_loop.for_server(
@@ -407,5 +409,37 @@ class Server:
         return None if b is None else b.detach().cpu().numpy().astype(np.float32)
 
 
+class ServerHost:
+    """The server actor's process: the :class:`Server` of the run the driver started it for
+    (``start``), so a process serves whichever run it is handed to
+    (:mod:`rayfl.runtime.actor_pool`). The driver calls ``run`` once ``start`` has answered."""
+
+    def __init__(self):
+        self.server: Server | None = None
+        self.token: str | None = None
+
+    def ping(self) -> None:
+        """An answer: the process is alive and not hung."""
+
+    def start(self, token: str, *args) -> None:
+        """The run ``token``'s server, from :class:`Server`'s arguments."""
+        self.server, self.token = None, token  # the last run's is freed first
+        self.server = Server(*args)
+
+    def run(self, *args, **kwargs) -> dict:
+        return self.server.run(*args, **kwargs)
+
+    def progress(self, *args) -> list[dict]:
+        return self.server.progress(*args)
+
+    def decide(self, *args) -> None:
+        self.server.decide(*args)
+
+    def release(self, token: str) -> None:
+        """The run ``token`` has ended: its server is freed."""
+        if self.token == token:
+            self.server, self.token = None, None
+
+
 #: its run, and the driver's calls beside it: a progress poll that waits for a row, a verdict
-ServerActor = ray.remote(num_cpus=0, max_concurrency=3)(Server)
+ServerActor = ray.remote(num_cpus=0, max_concurrency=3)(ServerHost)
