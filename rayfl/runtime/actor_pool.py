@@ -63,7 +63,7 @@ class ActorPool:
         here = _cluster()
         if here != self.cluster:  # Ray was restarted: the idle handles are of another cluster
             self.idle, self.cluster = {}, here
-        key = (kind, repr(sorted(options.items())))
+        key = _key(kind, options)
         for other in [k for k in self.idle if k[0] == kind and k != key]:
             for _, actor in self.idle.pop(other):
                 ray.kill(actor)
@@ -77,7 +77,7 @@ class ActorPool:
     def give_back(self, kind: str, options: dict, actors: list) -> None:
         """(name, actor)s of a run that ended, idle for the next run started with the same
         options."""
-        self.idle.setdefault((kind, repr(sorted(options.items()))), []).extend(actors)
+        self.idle.setdefault(_key(kind, options), []).extend(actors)
 
     def close(self, kinds: tuple[str, ...] = ("client", "server")) -> None:
         """End the idle actors of ``kinds``."""
@@ -94,6 +94,11 @@ def make_room() -> None:
     Ray is about to need."""
     if _current is not None:
         _current.close(("client",))
+
+
+def _key(kind: str, options: dict) -> tuple:
+    """What idle actors are filed under: their kind and what they were started with."""
+    return kind, repr(sorted(options.items()))
 
 
 def _cluster() -> tuple:
