@@ -16,7 +16,7 @@ import rayfl
 from rayfl.algorithms.base import Algorithm, Traits
 from rayfl.algorithms.server_opt import ServerOpt
 from rayfl.algorithms.wrapper import ServerWrapper
-from rayfl.contract import ComponentError
+from rayfl.contract import ComponentError, Trail
 from rayfl.layers import LayerTraits
 from rayfl.schema import ConfigError
 from rayfl.transforms import Transform
@@ -142,6 +142,25 @@ def test_the_same_layer_on_a_tame_upload_is_exact(tiny):
     rescaled = _run(tiny, f"aggregation.transforms=[{{name: '{HERE}:Rescaled'}}]", "name=r")
     assert torch.allclose(torch.from_numpy(plain.params),
                           torch.from_numpy(rescaled.params), atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("squares, named", [([1 / 6] * 3, True), ([1 / 2] + [0] * 999, True),
+                                            ([4 / 3] * 3, False)],
+                         ids=["three-summing-to-half", "one-of-a-thousand", "over"])
+def test_a_maker_is_named_when_the_value_it_got_had_a_squared_norm_its_dtype_holds(
+        dtype, squares, named):
+    """Tame is a squared norm below the dtype's largest number (float32: 3.4e38), whatever
+    the number of elements: each element here squares to its share of that number (half
+    precision too: it is read without the dot product)."""
+    value = (torch.tensor(squares, dtype=torch.float64) * torch.finfo(dtype).max).sqrt()
+    line = Trail("an upload", value.to(dtype))
+    line.add("a-layer", value.to(dtype) * NAN)
+    if named:
+        with pytest.raises(ComponentError, match="a-layer"):
+            line.check(1)
+    else:
+        line.check(1)
 
 
 @pytest.mark.parametrize("key, value", [("clip_norm", "1e38"), ("noise_multiplier", "1e7")])

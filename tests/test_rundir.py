@@ -93,8 +93,8 @@ class _Log:
     def append(self, row):
         self.rows.append(row)
 
-    def flush(self):
-        self.flushed = len(self.rows)
+    def flush(self, rows=None):
+        self.flushed = len(self.rows if rows is None else rows)
 
     def finish(self, model, final_round, diverged_at=None, buffers=None, stopped=None,
                extra=None):
@@ -108,6 +108,7 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     """The server's round loop around stand-ins for rounds, evaluation and checkpoints."""
     from types import SimpleNamespace
 
+    from rayfl.runtime.commits import Commits
     from rayfl.runtime.server import Server
 
     s = object.__new__(Server)
@@ -125,7 +126,9 @@ def _bare_server(rounds: int, losses: list[float], ceiling=1e6):
     s.round = lambda t: {"round": t, "completed": 1, "train_loss": losses[t], "round_s": 0.0}
     s.evaluate = lambda t=None: {"test_loss": 1.0, "test_accuracy": 0.5}
     s.client_eval = None  # eval.clients = 0
-    s._checkpoint = lambda t, elapsed: s.log.at_checkpoint.append((t, s.log.flushed))
+    s.commits = Commits()
+    s._checkpoint = lambda t, elapsed: (
+        lambda: s.log.at_checkpoint.append((t, s.log.flushed)), None)
     s._final_model = lambda t: np.zeros(3, dtype=np.float32)
     s._final_buffers = lambda: None  # a model without buffers
     return s
@@ -135,6 +138,47 @@ def test_metrics_rows_are_flushed_before_the_checkpoint_that_covers_them():
     s = _bare_server(3, [1.0, 0.9, 0.8])
     s.run()
     assert s.log.at_checkpoint == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_a_rounds_checkpoint_is_written_while_the_next_round_trains():
+    """Round t's checkpoint waits for round t+1 to begin (the wait only guards against a hang:
+    written before that round, as it once was, it would find the round not begun); the last
+    round's is written before the run returns."""
+    s = _bare_server(3, [1.0, 0.9, 0.8])
+    began = [threading.Event() for _ in range(4)]
+    round_, seen = s.round, []
+
+    def round_began(t):
+        began[t].set()
+        return round_(t)
+
+    def checkpoint(t, elapsed):
+        return (lambda: seen.append((t, began[t + 1].wait(30 if t < 2 else 0))), None)
+    s.round, s._checkpoint = round_began, checkpoint
+    s.run()
+    assert seen == [(0, True), (1, True), (2, False)]
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_the_run_after_the_round_it_overlapped():
+    """The write's error (a full disk) is raised in the server once the round that trained
+    meanwhile ends: the run stops there as a failed write, before logging that round."""
+    from rayfl.runtime.storage import StorageError
+
+    s = _bare_server(4, [1.0, 0.9, 0.8, 0.7])
+    trained = []
+    round_ = s.round
+
+    def counted(t):
+        trained.append(t)
+        return round_(t)
+
+    def disk_full():
+        raise OSError(28, "No space left on device", "checkpoint.pt")
+    s.round = counted
+    s._checkpoint = lambda t, elapsed: (disk_full, None) if t == 1 else (lambda: None, None)
+    with pytest.raises(StorageError, match="No space left"):
+        s.run()
+    assert trained == [0, 1, 2] and [r["round"] for r in s.log.rows] == [0, 1]
 
 
 @pytest.mark.parametrize("losses, ceiling, stop, why", [

@@ -115,6 +115,22 @@ def test_checkpoint_round_trips_every_value_exactly(location):
     assert back["state"]["pair"] == (1, "a") and back["state"]["flag"] is True
 
 
+def test_a_prepared_checkpoint_holds_the_values_as_they_were_when_prepared(tmp_path):
+    """The server writes a round's checkpoint while the next round trains; what it writes is
+    the state as the round left it, whatever is changed in place meanwhile."""
+    payload = _payload()
+    before = {k: payload["state"][k].clone() for k in ("x", "half")}
+    save = checkpoint.prepared(payload)
+    payload["state"]["x"].add_(1.0)
+    payload["state"]["half"].mul_(3)
+    payload["versions"][1] = 99
+    save(str(tmp_path), False)
+    back = checkpoint.load(str(tmp_path))
+    assert torch.equal(back["state"]["x"], before["x"])
+    assert torch.equal(back["state"]["half"], before["half"])
+    assert back["versions"].tolist() == [-1, 4, 6]
+
+
 def test_checkpoint_size_follows_the_clients_with_state_not_the_population(tmp_path):
     """A million registered clients, three holding state: the version table is stored sparse
     (a few hundred bytes, not 4 MB) and loads back as the full array."""

@@ -80,9 +80,9 @@ SECTIONS: dict[str, dict[str, tuple[str, str]]] = {
                                      "memory of a client actor after the round")),
         "server_peak_rss_mb": ("MiB", "peak resident memory of the server process"),
         "round_s": ("s", "plan_s + train_s + aggregate_s"),
-        "checkpoint_s": ("s", ("writing the checkpoint that followed the previous round (0 "
-                              "when none did; logged here because a round's row is durable "
-                              "before its own checkpoint commits)")),
+        "checkpoint_s": ("s", ("writing the checkpoint that followed the previous round, "
+                              "which a thread of the server wrote while this round trained (0 "
+                              "when none did)")),
         "eval_s": ("s", "test (and validation) evaluation, on evaluated rounds"),
         "client_eval_s": ("s", "per-client evaluation, on evaluated rounds (eval.clients)"),
         "elapsed_s": ("s", ("wall time since the first round began, resumed runs included "

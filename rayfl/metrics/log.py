@@ -71,9 +71,10 @@ class MetricsLog:
         for logger in self.loggers:
             logger.log(row)
 
-    def flush(self) -> None:
-        """Rewrite ``metrics.parquet`` (atomically)."""
-        write_parquet(self.rows, self.path)
+    def flush(self, rows: list[dict] | None = None) -> None:
+        """Rewrite ``metrics.parquet`` (atomically) with the rows, or with ``rows`` (the rows
+        as a round's commit took them)."""
+        write_parquet(self.rows if rows is None else rows, self.path)
 
     def interrupt(self, status: str) -> None:
         """Tell the loggers the run stopped before its end: ``KILLED`` (paused, interrupted;

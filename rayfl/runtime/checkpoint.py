@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import os
+from typing import Callable
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -78,12 +79,22 @@ def _dense(versions) -> np.ndarray:
 def save(location: str, payload: dict, keep: bool = False) -> None:
     """Write the checkpoint atomically (a crash leaves the previous one intact); ``keep``: also
     as the kept checkpoint of its round (written first, so the latest never lags it)."""
+    prepared(payload)(location, keep)
+
+
+def prepared(payload: dict) -> Callable[[str, bool], None]:
+    """:func:`save` of ``payload`` as it is now (encoded, its tensors and arrays copied), to be
+    called later — from another thread, say, while the values change."""
     if isinstance(payload.get("versions"), np.ndarray):
         payload = {**payload, "versions": _sparse(payload["versions"])}
-    storage, write = Storage(location), writer(payload)
-    if keep:
-        storage.write_with(kept_name(payload["round"] + 1), write, durable=True)
-    storage.write_with(NAME, write, durable=True)
+    write, round_ = writer(payload), payload["round"]
+
+    def save_to(location: str, keep: bool = False) -> None:
+        storage = Storage(location)
+        if keep:
+            storage.write_with(kept_name(round_ + 1), write, durable=True)
+        storage.write_with(NAME, write, durable=True)
+    return save_to
 
 
 def load(location: str, name: str = NAME) -> dict:

@@ -40,7 +40,7 @@ class Slot:
 def _encode(obj, tensors: list[torch.Tensor]):
     """``obj`` as JSON-able data; tensors and arrays are appended to ``tensors`` by index."""
     if isinstance(obj, torch.Tensor):
-        tensors.append(obj.detach().cpu().contiguous())
+        tensors.append(obj.detach().to("cpu", copy=True).contiguous())  # not the live one
         return {_TENSOR: len(tensors) - 1}
     if isinstance(obj, np.ndarray):
         tensors.append(torch.from_numpy(np.ascontiguousarray(obj)).clone())

@@ -32,7 +32,7 @@ from rayfl.runtime.client_eval import score_clients
 from rayfl.runtime.client_state import decode
 from rayfl.runtime.context import ClientData
 from rayfl.runtime.local import DeviceIndices, LocalSpec
-from rayfl.runtime.memory import peak_rss_mb, private_mb
+from rayfl.runtime.memory import peak_rss_mb, private_mb, reuse_freed_memory
 from rayfl.runtime.messages import Messages
 from rayfl.runtime.state_store import StateStore
 from rayfl.runtime.training import train_groups
@@ -269,6 +269,7 @@ class ClientHost:
     restarted serves its run again."""
 
     def __init__(self):
+        reuse_freed_memory()
         self.bound: str | None = None  # the binding's object, hex
         self.worker: ClientWorker | None = None
         self.binding_lock = threading.Lock()

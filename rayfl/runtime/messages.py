@@ -57,14 +57,18 @@ class Messages:
                 self.cache.popitem(last=False)
         return self.cache[t]
 
-    def prune(self, keep: set[int]) -> None:
-        """Delete the messages of every round not in ``keep`` (rounds some state refers to)."""
+    def prune(self, keep: set[int], before: int | None = None) -> None:
+        """Delete the messages of every round not in ``keep`` (rounds some state refers to),
+        of rounds before ``before`` only when given (a checkpoint's, committed as later rounds
+        ran)."""
+        def gone(t: int) -> bool:
+            return t not in keep and (before is None or t < before)
         if self.storage is None:
-            self.memory = {t: m for t, m in self.memory.items() if t in keep}
+            self.memory = {t: m for t, m in self.memory.items() if not gone(t)}
             return
         for name in self.storage.files():
             round_ = message_round(name)
-            if round_ is not None and round_ not in keep:
+            if round_ is not None and gone(round_):
                 self.storage.delete(name)
 
 

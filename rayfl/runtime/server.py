@@ -8,13 +8,14 @@ hands the dispatched clients to :class:`~rayfl.runtime.loop.RoundLoop`, which is
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import ray
@@ -33,10 +34,11 @@ from rayfl.runtime import async_loop, checkpoint, run_state, state_store, storag
 from rayfl.runtime.async_config import Settings as AsyncSettings
 from rayfl.runtime.client_actor import model_for
 from rayfl.runtime.client_eval import ClientEvaluation, finetune_spec
+from rayfl.runtime.commits import Commits
 from rayfl.runtime.executor_kind import built
 from rayfl.runtime.executors import Hosting
 from rayfl.runtime.loop import RoundLoop
-from rayfl.runtime.memory import peak_rss_mb
+from rayfl.runtime.memory import peak_rss_mb, reuse_freed_memory
 from rayfl.runtime.messages import Messages
 
 
@@ -115,6 +117,7 @@ class Server:
         self.log = MetricsLog(run_dir, settings.record)
         # client-state versions a kept checkpoint refers to: never deleted (rayfl fork)
         self.pinned = checkpoint.pinned_versions(self.location) if resume else set()
+        self.commits = Commits()  # each round's files, written while the next one trains
         self.progress_rows: list[dict] = []
         self.verdicts: queue.SimpleQueue = queue.SimpleQueue()  # the driver's, with follow
         self.new_row = threading.Condition()  # a progress row was added
@@ -204,14 +207,18 @@ class Server:
                 self._begin()
                 out = self._run(max_rounds, self._verdict if follow else on_progress)
         except OSError as e:
+            self.commits.close()
             self.log.interrupt("FAILED")
             raise storage.StorageError.of(e) from None
         except (KeyboardInterrupt, SystemExit):
+            self.commits.close()
             self.log.interrupt("KILLED")
             raise
         except BaseException:
+            self.commits.close()
             self.log.interrupt("FAILED")
             raise
+        self.commits.close()
         if "paused_after_round" in out:
             self.log.interrupt("KILLED")
         return out
@@ -221,7 +228,6 @@ class Server:
         settings = self.settings
         final = self.final_round  # rounds, or fewer when privacy.target_epsilon binds
         end = final if max_rounds is None else min(final, self.next_round + max_rounds)
-        checkpoint_s = 0.0  # the previous round's checkpoint, logged with this round
         every = settings.evaluation.every
         empty = EmptyRounds(settings.max_empty_rounds, final, self.log.rows)
         label = {} if self.account is None else {"dp_label": self.account.label}
@@ -229,10 +235,11 @@ class Server:
             try:
                 row = self.round(t)
             except NobodyOnline as e:  # an event-driven server that waited in vain
+                self.commits.wait()
                 return self.log.finish(self._final_model(t - 1), final,
                                        buffers=self._final_buffers(), stopped=(t, str(e)),
                                        extra=self._privacy_report(t))
-            row["checkpoint_s"], checkpoint_s = checkpoint_s, 0.0
+            row["checkpoint_s"] = self.commits.wait()  # the round before's, while this trained
             last = t == final - 1
             if t % every == every - 1 or t >= final - settings.evaluation.last_rounds or last:
                 row.update(self.evaluate(t))
@@ -246,12 +253,10 @@ class Server:
                                        settings.loss_ceiling)
             starved = empty.after(row)  # the reason a run of empty rounds stops here, or None
             self.log.append(row)
-            self.log.flush()  # durable before the checkpoint that covers it commits
             pause = t == end - 1
             kept = settings.checkpoint
             due = t % kept.every == kept.every - 1 or last or pause or t + 1 in kept.keep
-            if due:
-                checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])
+            self._commit(t, row["elapsed_s"], due)
             with self.new_row:
                 self.progress_rows.append({**self.log.rows[-1], "rounds": settings.rounds,
                                            **label})
@@ -262,7 +267,9 @@ class Server:
             if stop:
                 pause = True  # after this very round
                 if not due:
-                    checkpoint_s = self._timed_checkpoint(t, row["elapsed_s"])
+                    self._commit(t, row["elapsed_s"], True)
+            if diverged or starved or pause:
+                self.commits.wait()
             if diverged or starved:
                 return self.log.finish(self._final_model(t), final,
                                        diverged_at=t if diverged else None,
@@ -273,12 +280,6 @@ class Server:
                 return {"paused_after_round": t}
         return self.log.finish(self._final_model(end - 1), final,
                                buffers=self._final_buffers(), extra=self._privacy_report(end))
-
-    def _timed_checkpoint(self, t: int, elapsed: float) -> float:
-        """The checkpoint of round ``t``; the seconds it took."""
-        tick = time.perf_counter()
-        self._checkpoint(t, elapsed)
-        return time.perf_counter() - tick
 
     def _privacy_report(self, rounds: int) -> dict:
         """``participation.parquet`` (mechanisms that bound participation) and
@@ -384,19 +385,43 @@ class Server:
         out["eval_s"] = time.perf_counter() - tick
         return out
 
-    def _checkpoint(self, t: int, elapsed: float) -> None:
+    def _commit(self, t: int, elapsed: float, checkpoint_due: bool) -> None:
+        """Round ``t``'s files (:mod:`~rayfl.runtime.commits`), taken as they are now and
+        written while the next round trains: the metrics rows, then (``checkpoint_due``) the
+        checkpoint."""
+        rows = list(self.log.rows)
+        save, then = self._checkpoint(t, elapsed) if checkpoint_due else (None, None)
+
+        def write() -> float | None:
+            self.log.flush(rows)  # durable before the checkpoint that covers it commits
+            if save is None:
+                return None
+            tick = time.perf_counter()
+            save()
+            return time.perf_counter() - tick
+        self.commits.start(write, then)
+
+    def _checkpoint(self, t: int, elapsed: float) -> tuple[Callable[[], None],
+                                                          Callable[[], None] | None]:
+        """Round ``t``'s checkpoint as the state is now: (a function writing it, then deleting
+        the client-state versions it superseded; what must follow its commit in this thread,
+        if anything: pruning the round messages no state of it refers to)."""
         keep = t + 1 in self.settings.checkpoint.keep
-        checkpoint.save(self.location, {checkpoint.IDENTITY: self.settings.identity,
-                                         **self._record(t, elapsed).payload()}, keep=keep)
+        save_to = checkpoint.prepared({checkpoint.IDENTITY: self.settings.identity,
+                                       **self._record(t, elapsed).payload()})
+        v = self.loop.versions
         if keep:
-            v = self.loop.versions
             self.pinned.update((int(c), int(v[c])) for c in np.flatnonzero(v >= 0))
-        state_store.delete_versions(self.state_root,
-                                    [p for p in self.loop.superseded if p not in self.pinned])
+        superseded = [p for p in self.loop.superseded if p not in self.pinned]
         self.loop.superseded = []
-        if self.algorithm.traits.has("settle"):
-            v = self.loop.versions
-            self.loop.messages.prune({int(r) for r in v[v >= 0]} | {r for _, r in self.pinned})
+
+        def save() -> None:
+            save_to(self.location, keep)
+            state_store.delete_versions(self.state_root, superseded)
+        if not self.algorithm.traits.has("settle"):
+            return save, None
+        referred = {int(r) for r in v[v >= 0]} | {r for _, r in self.pinned}
+        return save, functools.partial(self.loop.messages.prune, referred, before=t + 1)
 
     def _final_model(self, t: int) -> np.ndarray:
         """The model deployed after loop index ``t`` (−1: before the first round)."""
@@ -415,6 +440,7 @@ class ServerHost:
     (:mod:`rayfl.runtime.actor_pool`). The driver calls ``run`` once ``start`` has answered."""
 
     def __init__(self):
+        reuse_freed_memory()
         self.server: Server | None = None
         self.token: str | None = None
 
