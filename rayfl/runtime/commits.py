@@ -57,4 +57,3 @@ class Commits:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-
