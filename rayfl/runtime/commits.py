@@ -1,8 +1,8 @@
 """A round's files written while the next round trains.
 
 After round t the server hands its files — the metrics rows, then the checkpoint covering them,
-then the client-state versions that checkpoint superseded, deleted — to one background thread,
-and starts round t+1. It waits for them before it logs round t+1's row, so one round's files
+then the client-state versions that checkpoint superseded, deleted, then the round's progress
+row for the driver — to one background thread, and starts round t+1. It waits for them before it logs round t+1's row, so one round's files
 are in flight at a time, in order: a crash at any point leaves the last committed checkpoint
 and every row up to it (``rayfl resume`` truncates the rows after it), as a crash while the
 server itself wrote them did. The writing thread's error (a full disk) is raised in the server

@@ -256,13 +256,10 @@ class Server:
             pause = t == end - 1
             kept = settings.checkpoint
             due = t % kept.every == kept.every - 1 or last or pause or t + 1 in kept.keep
-            self._commit(t, row["elapsed_s"], due)
-            with self.new_row:
-                self.progress_rows.append({**self.log.rows[-1], "rounds": settings.rounds,
-                                           **label})
-                self.new_row.notify_all()
+            shown = {**self.log.rows[-1], "rounds": settings.rounds, **label}
+            self._commit(t, row["elapsed_s"], due, shown)
             tick = time.perf_counter()
-            stop = on_progress is not None and on_progress(self.progress_rows[-1])
+            stop = on_progress is not None and on_progress(shown)
             start += time.perf_counter() - tick  # the caller's time is not the run's
             if stop:
                 pause = True  # after this very round
@@ -385,20 +382,27 @@ class Server:
         out["eval_s"] = time.perf_counter() - tick
         return out
 
-    def _commit(self, t: int, elapsed: float, checkpoint_due: bool) -> None:
+    def _commit(self, t: int, elapsed: float, checkpoint_due: bool,
+                progress: dict | None = None) -> None:
         """Round ``t``'s files (:mod:`~rayfl.runtime.commits`), taken as they are now and
         written while the next round trains: the metrics rows, then (``checkpoint_due``) the
-        checkpoint."""
+        checkpoint; then its ``progress`` row goes to the driver (:meth:`progress`), so a row
+        the driver sees is a round it can resume after."""
         rows = list(self.log.rows)
         save, then = self._checkpoint(t, elapsed) if checkpoint_due else (None, None)
 
         def write() -> float | None:
             self.log.flush(rows)  # durable before the checkpoint that covers it commits
-            if save is None:
-                return None
-            tick = time.perf_counter()
-            save()
-            return time.perf_counter() - tick
+            seconds = None
+            if save is not None:
+                tick = time.perf_counter()
+                save()
+                seconds = time.perf_counter() - tick
+            if progress is not None:
+                with self.new_row:
+                    self.progress_rows.append(progress)
+                    self.new_row.notify_all()
+            return seconds
         self.commits.start(write, then)
 
     def _checkpoint(self, t: int, elapsed: float) -> tuple[Callable[[], None],
