@@ -64,12 +64,14 @@ def test_bench_startup_prints_each_pass_and_the_spread():
     assert re.fullmatch(rf"min–max( \| -?{NUMBER}–-?{NUMBER}){{5}}", lines[2]), lines
 
 
-def test_bench_report_prints_both_ways_and_the_ratio():
+def test_bench_report_prints_the_three_ways_and_how_much_faster_the_actors_way_is():
     lines = _run("bench_report.py", "--params", "1000", "--calls", "3")
-    assert lines[0] == "1,000 parameters, 3 calls each, alternating", lines
-    assert re.fullmatch(rf"sums as torch tensors: {NUMBER} ms a call", lines[1]), lines
-    assert re.fullmatch(rf"sums as numpy arrays:  {NUMBER} ms a call \({NUMBER}× faster\)",
-                        lines[2]), lines
+    assert lines[0] == "1,000 parameters, 3 calls each way, in turn", lines
+    for line, way in zip(lines[1:3], ("as torch tensors:      ", "whole as numpy arrays: ")):
+        assert re.fullmatch(rf"sums {way}{NUMBER} ms a call \(actors' way {NUMBER}× faster\)",
+                            line), lines
+    assert re.fullmatch(rf"sums as actors send them:   {NUMBER} ms a call", lines[3]), lines
+    assert len(lines) == 4, lines
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "bench_report.py"),
                           "--calls", "0"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 2 and "--params, --calls: expected ≥ 1 (got 274026, 0)" in out.stderr

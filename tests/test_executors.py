@@ -393,6 +393,40 @@ def test_a_groups_sums_cross_rays_object_store_bit_for_bit(ray_local):
     got.delta_w += 1  # memory of its own, not the object store's read-only view
 
 
+def test_a_one_client_sum_crosses_without_its_weighted_delta_and_arrives_bit_for_bit(ray_local):
+    """An answer carries a one-client sum's Δ alone (half the bytes) and the server computes
+    w Δ again: the same bits as the actor's, NaN, ±inf and -0.0 included, for weights that are
+    not powers of two; a sum of two clients, or of a client of weight ±0, travels whole."""
+    import pickle
+
+    import ray
+
+    from rayfl.runtime.aggregate import PartialSum, as_array
+    from rayfl.runtime.executors import tensors_of
+
+    gen = torch.Generator().manual_seed(1)
+    delta = torch.randn(10_000, generator=gen) * 1e3
+    delta[:4] = torch.tensor([-0.0, float("nan"), float("-inf"), 1e-42])
+
+    def one(weight, clients=1):
+        acc = PartialSum()
+        for c in range(clients):
+            acc.add_client(c, delta, weight, 3, 30, 0.5, {}, [])
+        return acc
+
+    for weight in (0.37, 1 / 3, 7e-5, 123.456, -2.5):
+        acc = one(weight)
+        sent = PartialSum(**vars(acc)).compact().map_values(as_array)
+        assert sent.delta_w is None
+        assert len(pickle.dumps(sent, protocol=5)) < 0.6 * len(
+            pickle.dumps(PartialSum(**vars(acc)).map_values(as_array), protocol=5))
+        got = tensors_of(ray.get(ray.put({"sums": [(0, sent)]})))["sums"][0][1]
+        assert bytes(got.delta_w.numpy()) == bytes(acc.delta_w.numpy()), weight
+        assert bytes(got.delta.numpy()) == bytes(acc.delta.numpy())
+    for whole in (one(0.37, clients=2), one(0.0), one(-0.0)):
+        assert whole.compact().delta_w is not None
+
+
 def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
     """Until its speed is known, each actor gets a call in hand at once: an actor's first call
     waits for its second to arrive (two at once, as client actors run), which happens only if

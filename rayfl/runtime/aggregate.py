@@ -215,6 +215,21 @@ class PartialSum:
         self.updates = [fn(v) for v in self.updates]
         return self
 
+    def compact(self) -> "PartialSum":
+        """This sum as an answer carries it, in place: a one-client sum leaves out Σ w_i Δ_i,
+        which is w Δ to the bit (:meth:`add_client` computes it so, and 0 + w is w for a w
+        other than ±0) and :meth:`expand` computes again on arrival; the answer is half as
+        large."""
+        if self.count == 1 and self.weight_sum != 0.0:
+            self.delta_w = None
+        return self
+
+    def expand(self) -> "PartialSum":
+        """:meth:`compact` undone, in place: a one-client sum's Σ w_i Δ_i computed as w Δ."""
+        if self.count == 1 and self.delta_w is None:
+            self.delta_w = self.delta * self.weight_sum
+        return self
+
     def to(self, device: str | torch.device) -> "PartialSum":
         """Move every tensor (e.g. to the CPU before it leaves a GPU actor)."""
         return self.map_values(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v)

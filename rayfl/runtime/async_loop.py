@@ -93,6 +93,8 @@ class Dispatcher:
         mask[busy] = False
         pool = np.flatnonzero(mask)
         m = min(free, len(pool))
+        if m == 0:  # nobody to dispatch: nothing drawn (the server polls again, often)
+            return n_online, np.empty(0, np.int64), np.empty(0), np.empty(0, bool)
         sampled = stream(self.seed, d, SAMPLE).choice(pool, m, replace=False)
         fate = stream(self.seed, d, DROPOUT)
         failed, when = fate.random(m) < self.dropout, fate.random(m)
@@ -176,6 +178,8 @@ class AsyncLoop:
                                                                   free, busy)
         self.dispatches += 1
         self.window.online = n_online
+        if not len(clients):
+            return
         self.window.dispatched += len(clients)
         sizes = self.rounds.sizes[clients]
         weights = self.rounds.stack.weights(state, clients, sizes)

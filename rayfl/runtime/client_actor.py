@@ -201,11 +201,11 @@ class ClientWorker:
 
     @one_at_a_time
     def train_arrays(self, *args) -> dict:
-        """:meth:`train`, its sums' tensors as numpy arrays (:func:`as_array`): what a Ray actor
-        sends, which a call answers in 0.55–0.58 of the time tensors take
-        (``benchmarks/bench_report.py``)."""
+        """:meth:`train`, its sums compact (:meth:`PartialSum.compact`) with their tensors as
+        numpy arrays (:func:`as_array`): what a Ray actor sends (``benchmarks/bench_report.py``
+        times both against tensors)."""
         report = self.train(*args)
-        report["sums"] = [(g, acc.map_values(as_array)) for g, acc in report["sums"]]
+        report["sums"] = [(g, acc.compact().map_values(as_array)) for g, acc in report["sums"]]
         return report
 
     @one_at_a_time
@@ -241,25 +241,29 @@ class ClientWorker:
         state ``versions`` of each one's personalised model; writes no client state."""
         w = torch.as_tensor(np.array(point)).to(self.device)
         b = None if buffers is None else torch.as_tensor(np.array(buffers)).to(self.device)
-        personal = None
-        if versions is not None:
-            def group(name: str) -> torch.Tensor:
-                return self.model.layout.mask(name).to(self.device)
-
-            def personal(row: int):
-                client = int(client_ids[row])
-                saved = decode(self.store.load(client, int(versions[row])), self.stack)
-                where = name_of(type(self.algorithm), "personal_model")
-                lent = Lent().add("state", saved.algorithm).add("x", w).add(
-                    "buffers", saved.buffers)
-                with calling(where, t, client):
-                    own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
-                                                                     saved.buffers)
-                lent.check(where, t, client)
-                return own.to(self.device), \
-                    None if own_buffers is None else own_buffers.to(self.device)
+        personal = None if versions is None else self._personal(t, w, client_ids, versions)
         return score_clients(self.model, self.reader, self.loss_fn, self.device, w, client_ids,
                              t, self.seed, finetune, batch_size, b, personal)
+
+    def _personal(self, t: int, w: torch.Tensor, client_ids, versions: np.ndarray):
+        """row -> (personalised model, its buffers) of ``client_ids[row]``: the algorithm's
+        ``personal_model`` from the client's state version ``versions[row]`` and ``w``."""
+        def group(name: str) -> torch.Tensor:
+            return self.model.layout.mask(name).to(self.device)
+
+        def personal(row: int):
+            client = int(client_ids[row])
+            saved = decode(self.store.load(client, int(versions[row])), self.stack)
+            where = name_of(type(self.algorithm), "personal_model")
+            lent = Lent().add("state", saved.algorithm).add("x", w).add("buffers", saved.buffers)
+            with calling(where, t, client):
+                own, own_buffers = self.algorithm.personal_model(saved.algorithm, w, group,
+                                                                 saved.buffers)
+            lent.check(where, t, client)
+            return own.to(self.device), \
+                None if own_buffers is None else own_buffers.to(self.device)
+
+        return personal
 
 
 class ClientHost:

@@ -70,8 +70,8 @@ def combined(reports: list[dict]) -> dict:
 
 def tensors_of(report: dict) -> dict:
     """An actor's report (:meth:`ClientWorker.train_arrays`) with its sums' arrays as
-    tensors again."""
-    report["sums"] = [(g, acc.map_values(as_tensor)) for g, acc in report["sums"]]
+    tensors again, and expanded (:meth:`PartialSum.expand`)."""
+    report["sums"] = [(g, acc.map_values(as_tensor).expand()) for g, acc in report["sums"]]
     return report
 
 
