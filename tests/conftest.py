@@ -45,23 +45,30 @@ _POOL: list = []  # the session's rayfl.runtime.actor_pool.ActorPool, made on fi
 
 @pytest.fixture(autouse=True)
 def warm_actors(request):
-    """A test's runs on Ray take the idle actors its earlier runs left, and the idle server
-    actors of the session's earlier tests (``rayfl.actor_pool``), instead of starting processes
-    that import torch each; a test marked ``fresh_actors`` starts its own, as a run outside a
-    pool does. The idle client actors end with the test: they hold CPUs the next test's own
-    actors and tasks need."""
-    if request.node.get_closest_marker("fresh_actors"):
-        yield
-        return
+    """A test's runs on Ray take the idle server and client actors the session's earlier runs
+    left (``rayfl.actor_pool``) instead of starting processes that import torch each; a test
+    marked ``fresh_actors`` starts its own, as a run outside a pool does, once the idle client
+    actors have ended. Idle client actors keep their CPUs: a test that starts Ray actors of its
+    own asks for ``free_cpus`` first."""
     from rayfl.runtime.actor_pool import ActorPool
 
+    if request.node.get_closest_marker("fresh_actors"):
+        if _POOL:
+            _POOL[0].close(("client",))
+        yield
+        return
     if not _POOL:
         _POOL.append(ActorPool())
     with _POOL[0]:
-        try:
-            yield
-        finally:
-            _POOL[0].close(("client",))
+        yield
+
+
+@pytest.fixture
+def free_cpus(warm_actors):
+    """The session pool's idle client actors ended: their CPUs are for the test's own actors."""
+    from rayfl.runtime.actor_pool import make_room
+
+    make_room()
 
 
 def pytest_configure(config):

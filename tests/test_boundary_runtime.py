@@ -420,7 +420,7 @@ def test_a_user_error_inside_ray_is_one_line_with_no_dump_and_no_process_left(tm
     assert _processes_left(tag) == []
 
 
-def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local):
+def test_a_client_actors_component_error_reaches_the_server_as_itself(ray_local, free_cpus):
     import ray
     import torch
 

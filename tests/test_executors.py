@@ -427,7 +427,7 @@ def test_a_one_client_sum_crosses_without_its_weighted_delta_and_arrives_bit_for
         assert whole.compact().delta_w is not None
 
 
-def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local):
+def test_each_client_actor_is_given_its_next_group_before_it_answers(ray_local, free_cpus):
     """Until its speed is known, each actor gets a call in hand at once: an actor's first call
     waits for its second to arrive (two at once, as client actors run), which happens only if
     the executor sends the second before the first is answered; every group is trained once,
@@ -483,7 +483,7 @@ def test_the_pacer_expects_an_actor_to_finish_at_its_rate_so_far():
     assert pacer.due(1, 7.0, 500) == 7.0  # each actor its own
 
 
-def test_no_group_waits_in_the_hand_of_an_actor_still_training_a_long_one(ray_local):
+def test_no_group_waits_in_the_hand_of_an_actor_still_training_a_long_one(ray_local, free_cpus):
     """An actor expected to train for long gets no group in hand: while it trains the
     heaviest group, the other actor trains every other one. (Were a group put in its hand at
     once, the other could train only three, and the first, waiting for four, would fail.)"""
