@@ -43,6 +43,12 @@ def ray_local():
 _POOL: list = []  # the session's rayfl.runtime.actor_pool.ActorPool, made on first use
 
 
+def _end_idle_clients() -> None:
+    """The session pool's idle client actors ended: their CPUs are free for other actors."""
+    if _POOL:
+        _POOL[0].close(("client",))
+
+
 @pytest.fixture(autouse=True)
 def warm_actors(request):
     """A test's runs on Ray take the idle server and client actors the session's earlier runs
@@ -50,13 +56,12 @@ def warm_actors(request):
     marked ``fresh_actors`` starts its own, as a run outside a pool does, once the idle client
     actors have ended. Idle client actors keep their CPUs: a test that starts Ray actors of its
     own asks for ``free_cpus`` first."""
-    from rayfl.runtime.actor_pool import ActorPool
-
     if request.node.get_closest_marker("fresh_actors"):
-        if _POOL:
-            _POOL[0].close(("client",))
+        _end_idle_clients()
         yield
         return
+    from rayfl.runtime.actor_pool import ActorPool
+
     if not _POOL:
         _POOL.append(ActorPool())
     with _POOL[0]:
@@ -64,11 +69,9 @@ def warm_actors(request):
 
 
 @pytest.fixture
-def free_cpus(warm_actors):
+def free_cpus():
     """The session pool's idle client actors ended: their CPUs are for the test's own actors."""
-    from rayfl.runtime.actor_pool import make_room
-
-    make_room()
+    _end_idle_clients()
 
 
 def pytest_configure(config):
